@@ -1,0 +1,5 @@
+import sys
+
+from reflex.cli import main
+
+sys.exit(main())
