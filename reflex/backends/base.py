@@ -1,0 +1,82 @@
+"""The ops interface every compute backend implements.
+
+Models are written only against these ops, so a backend (NumPy today, GPU later) can be swapped
+without touching model code. Activations are backend arrays; weights are whatever
+`prepare_weight` returns (a backend may keep them quantized).
+
+Shapes follow NumPy order: a 2-D weight is (n_out, n_in); activations are (T, ...).
+"""
+from __future__ import annotations
+
+import abc
+
+ROPE_NORM = 0  # rotate adjacent pairs (x[2i], x[2i+1]) -- llama GGUFs (converter permuted Q/K)
+ROPE_NEOX = 2  # rotate halves (x[i], x[i + n_rot/2]) -- GPT-NeoX style
+
+
+class Backend(abc.ABC):
+    name = "base"
+
+    # ---- weights -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def prepare_weight(self, raw_bytes, ggml_type: int, shape: tuple):
+        """Turn a tensor's raw GGUF bytes into this backend's weight object."""
+
+    # ---- arrays --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def to_numpy(self, x):
+        """Backend array -> float32 numpy array on the host."""
+
+    @abc.abstractmethod
+    def zeros(self, shape: tuple):
+        """A float32 zero array (used for KV caches)."""
+
+    # ---- ops -----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def embed(self, w, ids):
+        """Rows `ids` of the embedding table `w` (n_vocab, n_embd) -> (T, n_embd)."""
+
+    @abc.abstractmethod
+    def matmul(self, x, w):
+        """x (T, n_in) @ w.T for a prepared weight w of shape (n_out, n_in) -> (T, n_out)."""
+
+    @abc.abstractmethod
+    def rms_norm(self, x, w, eps: float):
+        """x / sqrt(mean(x^2, -1) + eps) * w over the last axis; w may be None."""
+
+    @abc.abstractmethod
+    def rope(self, x, pos, n_rot: int, freq_base: float, mode: int = ROPE_NORM):
+        """Rotary embedding on x (T, n_head, head_dim) at positions pos (T,); the first n_rot dims
+        of each head rotate, the rest pass through."""
+
+    @abc.abstractmethod
+    def attention(self, q, k_cache, v_cache, n_past: int, scale: float | None = None):
+        """Causal scaled-dot-product attention with grouped-query heads.
+
+        q (T, n_head, head_dim) holds queries at positions n_past .. n_past+T-1; k_cache / v_cache
+        (n_ctx, n_head_kv, head_dim) already hold keys/values for positions 0 .. n_past+T-1.
+        Query head h reads kv head h // (n_head // n_head_kv). Returns (T, n_head, head_dim)."""
+
+    @abc.abstractmethod
+    def kv_write(self, cache, x, start: int):
+        """cache[start:start+T] = x  (x is (T, n_head_kv, head_dim))."""
+
+    @abc.abstractmethod
+    def silu(self, x):
+        ...
+
+    @abc.abstractmethod
+    def gelu_tanh(self, x):
+        ...
+
+    @abc.abstractmethod
+    def mul(self, a, b):
+        ...
+
+    @abc.abstractmethod
+    def add(self, a, b):
+        ...
+
+    def swiglu(self, gate, up):
+        """silu(gate) * up; backends may fuse it."""
+        return self.mul(self.silu(gate), up)

@@ -1,0 +1,131 @@
+"""Reference CPU backend: float32 NumPy, weights dequantized once at load."""
+from __future__ import annotations
+
+import numpy as np
+
+from reflex.backends.base import ROPE_NEOX, ROPE_NORM, Backend
+from reflex.errors import ModelFormatError
+
+GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
+
+
+def _dequantize(raw, ggml_type: int, shape: tuple) -> np.ndarray:
+    raw = np.ascontiguousarray(np.asarray(raw, dtype=np.uint8).reshape(-1))
+    n = int(np.prod(shape)) if len(shape) else 1
+    if ggml_type == GGML_F32:
+        return raw.view(np.float32)[:n].reshape(shape)
+    if ggml_type == GGML_F16:
+        return raw.view(np.float16)[:n].astype(np.float32).reshape(shape)
+    if ggml_type == GGML_BF16:
+        return (raw.view(np.uint16)[:n].astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    from reflex.quants import dequantize  # the shared dequantizers
+
+    return np.asarray(dequantize(raw, ggml_type, tuple(shape)), dtype=np.float32).reshape(shape)
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+
+    def __init__(self):
+        self._inv_freq = {}
+
+    # ---- weights / arrays ----------------------------------------------------------------------
+    def prepare_weight(self, raw_bytes, ggml_type: int, shape: tuple):
+        w = _dequantize(raw_bytes, ggml_type, tuple(int(s) for s in shape))
+        if w.shape != tuple(shape):
+            raise ModelFormatError(f"tensor dequantized to {w.shape}, expected {tuple(shape)}",
+                                   kind="tensor_shape")
+        # own, writeable, contiguous float32 (the GGUF mapping may be read-only / unaligned)
+        return np.array(w, dtype=np.float32, order="C", copy=True)
+
+    def to_numpy(self, x):
+        return np.asarray(x, dtype=np.float32)
+
+    def zeros(self, shape: tuple):
+        return np.zeros(shape, dtype=np.float32)
+
+    # ---- ops -----------------------------------------------------------------------------------
+    def embed(self, w, ids):
+        return w[np.asarray(ids, dtype=np.int64)]  # (T, n_embd)
+
+    def matmul(self, x, w):
+        return x @ w.T  # (T, n_in) @ (n_in, n_out)
+
+    def rms_norm(self, x, w, eps: float):
+        ms = np.mean(np.square(x), axis=-1, keepdims=True)
+        y = x * (1.0 / np.sqrt(ms + np.float32(eps)))
+        return y if w is None else y * w
+
+    def _freqs(self, n_rot: int, freq_base: float):
+        key = (n_rot, float(freq_base))
+        f = self._inv_freq.get(key)
+        if f is None:
+            # theta_i = base^(-2i / n_rot), computed in float64 then used for the angles
+            f = float(freq_base) ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+            self._inv_freq[key] = f
+        return f
+
+    def rope(self, x, pos, n_rot: int, freq_base: float, mode: int = ROPE_NORM):
+        T, n_head, head_dim = x.shape
+        ang = np.asarray(pos, dtype=np.float64)[:, None] * self._freqs(n_rot, freq_base)[None, :]
+        cos = np.cos(ang).astype(np.float32)[:, None, :]  # (T, 1, n_rot/2)
+        sin = np.sin(ang).astype(np.float32)[:, None, :]
+        out = x.copy()
+        if mode == ROPE_NORM:
+            x0 = x[..., 0:n_rot:2]
+            x1 = x[..., 1:n_rot:2]
+            out[..., 0:n_rot:2] = x0 * cos - x1 * sin
+            out[..., 1:n_rot:2] = x0 * sin + x1 * cos
+        elif mode == ROPE_NEOX:
+            h = n_rot // 2
+            x0 = x[..., :h]
+            x1 = x[..., h:n_rot]
+            out[..., :h] = x0 * cos - x1 * sin
+            out[..., h:n_rot] = x0 * sin + x1 * cos
+        else:
+            raise ValueError(f"unknown rope mode {mode}")
+        return out
+
+    def kv_write(self, cache, x, start: int):
+        cache[start:start + x.shape[0]] = x
+
+    def attention(self, q, k_cache, v_cache, n_past: int, scale: float | None = None):
+        T, n_head, d = q.shape
+        n_kv = k_cache.shape[1]
+        g = n_head // n_kv
+        S = n_past + T
+        if scale is None:
+            scale = 1.0 / np.sqrt(d)
+        k = k_cache[:S].transpose(1, 2, 0)  # (n_kv, d, S)
+        v = v_cache[:S].transpose(1, 0, 2)  # (n_kv, S, d)
+        # query heads grouped by their kv head: (n_kv, g*T, d), row index = j*T + t
+        qg = q.reshape(T, n_kv, g, d).transpose(1, 2, 0, 3).reshape(n_kv, g * T, d)
+        s = np.matmul(qg, k) * np.float32(scale)  # (n_kv, g*T, S)
+        s = s.reshape(n_kv, g, T, S)
+        if T > 1:
+            qpos = n_past + np.arange(T)
+            mask = np.arange(S)[None, :] > qpos[:, None]  # (T, S) future keys
+            s[:, :, mask] = -np.inf
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        o = np.matmul(s.reshape(n_kv, g * T, S), v)  # (n_kv, g*T, d)
+        return o.reshape(n_kv, g, T, d).transpose(2, 0, 1, 3).reshape(T, n_head, d)
+
+    def silu(self, x):
+        return x / (1.0 + np.exp(-x))
+
+    def gelu_tanh(self, x):
+        c = np.float32(np.sqrt(2.0 / np.pi))
+        return 0.5 * x * (1.0 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+    def mul(self, a, b):
+        return a * b
+
+    def add(self, a, b):
+        return a + b
+
+    def swiglu(self, gate, up):
+        g = gate / (1.0 + np.exp(-gate))
+        g *= up
+        return g
