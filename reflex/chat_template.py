@@ -163,8 +163,6 @@ def _plain(value: Any, where: str) -> Any:
     """Copy caller data into plain JSON-like types so the template sees nothing with extra methods."""
     if value is None or type(value) in (str, int, float, bool):
         return value
-    if isinstance(value, bool):
-        return bool(value)
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, int):
