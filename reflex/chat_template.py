@@ -21,10 +21,7 @@ Compiled templates are cached per source string for the life of the process.
 """
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from reflex.errors import InvalidRequest
@@ -50,16 +47,20 @@ DEFAULT_CHAT_TEMPLATE = (
 )
 
 _CACHE: dict[str, Any] = {}
-_CACHE_LOCK = threading.Lock()
+_CACHE_LOCK = None  # threading.Lock, created with the environment
 _ENV = None
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     # Same as transformers: no HTML escaping, options exposed to the template.
+    import json
+
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _strftime_now(fmt):
+    from datetime import datetime
+
     return datetime.now().strftime(fmt)
 
 
@@ -69,9 +70,11 @@ def _raise_exception(message):
 
 def _environment():
     """Build (once) the sandboxed Jinja environment. jinja2 is imported here, not at module import."""
-    global _ENV
+    global _ENV, _CACHE_LOCK
     if _ENV is not None:
         return _ENV
+    import threading
+
     import jinja2
     import jinja2.ext
     import jinja2.nodes
@@ -134,6 +137,7 @@ def _environment():
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _TemplateDict()
     env.globals["namespace"] = _Namespace
+    _CACHE_LOCK = threading.Lock()
     _ENV = env
     return env
 
@@ -142,11 +146,11 @@ def _compile(source: str):
     tpl = _CACHE.get(source)
     if tpl is not None:
         return tpl
+    env = _environment()
     with _CACHE_LOCK:
         tpl = _CACHE.get(source)
         if tpl is not None:
             return tpl
-        env = _environment()
         import jinja2
 
         try:
