@@ -1,0 +1,32 @@
+"""Tokenizers built from GGUF metadata: byte-level BPE (gpt2) and SentencePiece BPE (llama)."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from .base import BaseTokenizer
+from .stream import StreamDecoder
+
+__all__ = ["Tokenizer", "BaseTokenizer", "StreamDecoder"]
+
+
+class Tokenizer:
+    """Factory: ``Tokenizer.from_metadata(md)`` / ``Tokenizer.from_gguf(f)``."""
+
+    @staticmethod
+    def from_metadata(md: Mapping) -> BaseTokenizer:
+        model = md.get("tokenizer.ggml.model", "llama")
+        if isinstance(model, bytes):
+            model = model.decode()
+        if model == "gpt2":
+            from .bpe import BPETokenizer
+
+            return BPETokenizer(md)
+        if model == "llama":
+            from .spm import SPMTokenizer
+
+            return SPMTokenizer(md)
+        raise ValueError(f"unsupported tokenizer.ggml.model {model!r}")
+
+    @staticmethod
+    def from_gguf(f) -> BaseTokenizer:
+        return Tokenizer.from_metadata(f.metadata)

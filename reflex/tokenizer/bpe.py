@@ -1,0 +1,185 @@
+"""GPT-2 style byte-level BPE (tokenizer.ggml.model == "gpt2")."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import regex
+
+from .base import BaseTokenizer, _get
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_DEEPSEEK_LLM = [
+    r"[\r\n]",
+    r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+    r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+    r"\s+$",
+    r"[一-龥ࠀ-一가-퟿]+",
+    r"\p{N}+",
+]
+_DEEPSEEK_V3 = [
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+]
+
+# tokenizer.ggml.pre -> list of regexes applied in sequence (each splits the pieces of the previous,
+# keeping matches and the gaps between them).
+PRE_SPLITS = {
+    "default": [_GPT2],
+    "gpt2": [_GPT2],
+    "gpt-2": [_GPT2],
+    # llama.cpp (and SmolLM2's own tokenizer.json) isolate single digits first.
+    "smollm": [r"\p{N}", _GPT2],
+    "llama3": [_LLAMA3],
+    "llama-v3": [_LLAMA3],
+    "llama-bpe": [_LLAMA3],
+    "dbrx": [_LLAMA3],
+    "smaug-bpe": [_LLAMA3],
+    "falcon3": [_LLAMA3],
+    "qwen2": [_QWEN2],
+    "deepseek-r1-qwen": [_QWEN2],
+    "deepseek-llm": _DEEPSEEK_LLM,
+    "deepseek-v3": _DEEPSEEK_V3,
+}
+
+
+def bytes_to_unicode() -> dict:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+_B2U = bytes_to_unicode()
+_U2B = {c: b for b, c in _B2U.items()}
+_TRANS = {b: c for b, c in _B2U.items()}  # bytes.translate needs bytes; we map via str
+
+
+class BPETokenizer(BaseTokenizer):
+    kind = "bpe"
+
+    def __init__(self, md: Mapping, pre: str | None = None):
+        super().__init__(md)
+        self.merges = md.get("tokenizer.ggml.merges") if hasattr(md, "get") else md["tokenizer.ggml.merges"]
+        self.pre = pre or _get(md, "tokenizer.ggml.pre", "default") or "default"
+        self._ranks = None
+        self._pats = None
+        self._cache = {}
+        self._piece_cache = {}
+        self._byte_table = [_B2U[b] for b in range(256)]
+
+    def _matchable_ctrl(self, i: int) -> bool:
+        # transformers skips "control" tokens that are not spelled in the byte alphabet
+        return set(self.tokens[i]) <= _U2B.keys()
+
+    # ---------------------------------------------------------------- encode
+    def _pretok(self):
+        if self._pats is None:
+            pats = PRE_SPLITS.get(self.pre)
+            if pats is None:
+                pats = [_GPT2]
+            self._pats = [regex.compile(p) for p in pats]
+        return self._pats
+
+    def _split(self, text: str) -> list:
+        pieces = [text]
+        for pat in self._pretok():
+            if len(self._pats) == 1:
+                return pat.findall(text)
+            out = []
+            for p in pieces:
+                pos = 0
+                for m in pat.finditer(p):
+                    s, e = m.span()
+                    if s > pos:
+                        out.append(p[pos:s])
+                    out.append(p[s:e])
+                    pos = e
+                if pos < len(p):
+                    out.append(p[pos:])
+            pieces = out
+        return pieces
+
+    def _encode_text(self, text: str, at_start: bool) -> list:
+        if self._ranks is None:
+            self._ranks = dict(zip(self.merges, range(len(self.merges))))
+        cache = self._cache
+        out = []
+        tbl = self._byte_table
+        for w in self._split(text):
+            ids = cache.get(w)
+            if ids is None:
+                word = [tbl[b] for b in w.encode("utf-8")]
+                ids = self._bpe(word)
+                if len(cache) < 200_000:
+                    cache[w] = ids
+            out.extend(ids)
+        return out
+
+    def _bpe(self, word: list) -> list:
+        ranks = self._ranks
+        vocab = self.vocab
+        if len(word) > 1:
+            while True:
+                best = None
+                br = 1 << 60
+                for i in range(len(word) - 1):
+                    r = ranks.get(word[i] + " " + word[i + 1])
+                    if r is not None and r < br:
+                        br = r
+                        best = i
+                if best is None:
+                    break
+                a, b = word[best], word[best + 1]
+                merged = a + b
+                nw = []
+                i = 0
+                n = len(word)
+                while i < n:
+                    if i < n - 1 and word[i] == a and word[i + 1] == b:
+                        nw.append(merged)
+                        i += 2
+                    else:
+                        nw.append(word[i])
+                        i += 1
+                word = nw
+                if len(word) == 1:
+                    break
+        out = []
+        for s in word:
+            i = vocab.get(s)
+            if i is None:
+                for ch in s:
+                    j = vocab.get(ch)
+                    if j is not None:
+                        out.append(j)
+                    elif self.unk_id is not None:
+                        out.append(self.unk_id)
+            else:
+                out.append(i)
+        return out
+
+    # ---------------------------------------------------------------- decode
+    def piece_bytes(self, i: int) -> bytes:
+        b = self._piece_cache.get(i)
+        if b is None:
+            t = self.tokens[i]
+            try:
+                b = bytes(_U2B[c] for c in t)
+            except KeyError:
+                b = t.encode("utf-8")
+            self._piece_cache[i] = b
+        return b

@@ -1,0 +1,139 @@
+"""SentencePiece-style BPE (tokenizer.ggml.model == "llama"): merges by score, byte fallback.
+
+Text is escaped (" " -> "\u2581"), optionally given a leading "\u2581" (add_space_prefix), then
+split into characters and the adjacent pair whose concatenation is the best-ranked vocabulary
+token is merged repeatedly. Characters that no token covers become <0xNN> byte tokens.
+
+Gemma: the file stores whitespace-run tokens with real spaces ("  "); like transformers'
+GGUF loader we look them up as "\u2581\u2581". Gemma's scores do not follow its merge order
+exactly, so for gemma* architectures the rank is the token's position in the file (as in
+transformers); otherwise the rank is the score (as in llama.cpp).
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Mapping
+
+from .base import BaseTokenizer, _get, TOKEN_BYTE
+
+SPACE = "\u2581"
+
+
+class SPMTokenizer(BaseTokenizer):
+    kind = "spm"
+
+    def __init__(self, md: Mapping):
+        super().__init__(md)
+        arch = _get(md, "general.architecture", "") or ""
+        self.gemma = arch.startswith("gemma")
+        self.add_space_prefix = bool(_get(md, "tokenizer.ggml.add_space_prefix", not self.gemma))
+        self._scores = md.get("tokenizer.ggml.scores") if hasattr(md, "get") else None
+        self._rank = None
+        self._bytes_ids = None
+        self._piece_cache = {}
+
+    def _matchable_user(self, i: int) -> bool:
+        t = self.tokens[i]
+        return not (self.gemma and " " in t and not t.strip())
+
+    @property
+    def vocab(self) -> dict:
+        if self._vocab is None:
+            toks = self.tokens
+            if self.gemma:
+                toks = [SPACE * len(t) if (" " in t and not t.strip()) else t for t in toks]
+            self._vocab = dict(zip(toks, range(self.n_vocab)))
+        return self._vocab
+
+    def _ranks(self):
+        if self._rank is None:
+            if self.gemma or self._scores is None:
+                self._rank = None  # rank == id
+            else:
+                import numpy as np
+
+                s = -np.asarray(self._scores, dtype=np.float64)
+                self._rank = s.tolist()
+            self._rank_ready = True
+        return self._rank
+
+    def _byte_ids(self):
+        if self._bytes_ids is None:
+            v = self.vocab
+            self._bytes_ids = [v.get("<0x%02X>" % b, self.unk_id) for b in range(256)]
+        return self._bytes_ids
+
+    def _encode_text(self, text: str, at_start: bool) -> list:
+        text = text.replace(" ", SPACE)
+        if self.add_space_prefix and at_start:
+            text = SPACE + text
+        if not text:
+            return []
+        vocab = self.vocab
+        if not hasattr(self, "_rank_ready"):
+            self._ranks()
+        rank = self._rank
+        sym = list(text)
+        n = len(sym)
+        nxt = list(range(1, n + 1))
+        prv = list(range(-1, n - 1))
+        heap = []
+        get = vocab.get
+        for i in range(n - 1):
+            t = get(sym[i] + sym[i + 1])
+            if t is not None:
+                heap.append((t if rank is None else rank[t], i, sym[i], sym[i + 1]))
+        heapq.heapify(heap)
+        pop, push = heapq.heappop, heapq.heappush
+        while heap:
+            _, i, a, b = pop(heap)
+            j = nxt[i]
+            if j >= n or sym[i] != a or sym[j] != b:
+                continue
+            m = a + b
+            sym[i] = m
+            sym[j] = ""
+            k = nxt[j]
+            nxt[i] = k
+            if k < n:
+                prv[k] = i
+                t = get(m + sym[k])
+                if t is not None:
+                    push(heap, (t if rank is None else rank[t], i, m, sym[k]))
+            p = prv[i]
+            if p >= 0:
+                t = get(sym[p] + m)
+                if t is not None:
+                    push(heap, (t if rank is None else rank[t], p, sym[p], m))
+        out = []
+        i = 0
+        bids = None
+        while i < n:
+            s = sym[i]
+            t = get(s)
+            if t is not None:
+                out.append(t)
+            else:
+                if bids is None:
+                    bids = self._byte_ids()
+                out.extend(bids[b] for b in s.encode("utf-8"))
+            i = nxt[i]
+        return out
+
+    def piece_bytes(self, i: int) -> bytes:
+        b = self._piece_cache.get(i)
+        if b is None:
+            t = self.tokens[i]
+            tt = self.token_types
+            if tt is not None and int(tt[i]) == TOKEN_BYTE and len(t) == 6 and t.startswith("<0x"):
+                b = bytes([int(t[3:5], 16)])
+            else:
+                b = t.replace(SPACE, " ").encode("utf-8")
+            self._piece_cache[i] = b
+        return b
+
+    def decode(self, ids, skip_special: bool = False) -> str:
+        s = super().decode(ids, skip_special)
+        if self.add_space_prefix and s.startswith(" "):
+            s = s[1:]
+        return s
