@@ -25,12 +25,90 @@ def _get(md: Mapping, key: str, default=None):
     return v
 
 
+def fast_strings(arr) -> list:
+    """Materialize a GGUF string array as a list of str quickly.
+
+    For reflex.gguf's lazy StringArray whose strings are contiguous ([u64 len][bytes]...), the
+    length headers are replaced by NUL separators with numpy and the whole block is decoded and
+    split once, which is several times faster than decoding string by string.
+    """
+    if isinstance(arr, list):
+        return arr
+    try:
+        import numpy as np
+
+        buf, offs, lens = arr._buf, np.asarray(arr._offs, np.int64), np.asarray(arr._lens, np.int64)
+        n = len(offs)
+        if n < 2:
+            raise ValueError
+        if not np.array_equal(offs[1:], offs[:-1] + lens[:-1] + 8):
+            raise ValueError
+        start = int(offs[0])
+        end = int(offs[-1] + lens[-1])
+        r = np.frombuffer(buf, np.uint8, end - start, start)
+        hdr = (offs[1:] - 8 - start)[:, None] + np.arange(8)
+        keep = np.ones(r.size, bool)
+        keep[hdr.ravel()] = False
+        if not r[keep].all():  # a NUL inside some string: cannot use NUL as separator
+            raise ValueError
+        sep = hdr[:, 7]
+        keep[sep] = True
+        r2 = r.copy()
+        r2[sep] = 0
+        parts = r2[keep].tobytes().decode("utf-8").split("\x00")
+        if len(parts) != n:
+            raise ValueError
+        return parts
+    except Exception:
+        if hasattr(arr, "tolist"):
+            return list(arr.tolist())
+        return list(arr)
+
+
+class _SpecialMatcher:
+    """Leftmost-longest literal matcher for special tokens (cheap to build, unlike a big regex)."""
+
+    def __init__(self, items):
+        self.by_first = {}
+        for text, i in items:
+            d = self.by_first.setdefault(text[0], {})
+            d[text] = i
+        self.lens = {c: sorted({len(t) for t in d}, reverse=True) for c, d in self.by_first.items()}
+        self.pat = regex.compile("[" + "".join(regex.escape(c) for c in self.by_first) + "]")
+
+    def split(self, text):
+        """Yields (is_special, str_or_id)."""
+        pos = 0
+        search = self.pat.search
+        m = search(text, pos)
+        while m is not None:
+            k = m.start()
+            c = text[k]
+            d = self.by_first[c]
+            hit = None
+            for L in self.lens[c]:
+                t = text[k:k + L]
+                if len(t) == L and t in d:
+                    hit = t
+                    break
+            if hit is None:
+                m = search(text, k + 1)
+                continue
+            if k > pos:
+                yield False, text[pos:k]
+            yield True, d[hit]
+            pos = k + len(hit)
+            m = search(text, pos)
+        if pos < len(text):
+            yield False, text[pos:]
+
+
 class BaseTokenizer:
     kind = "base"
 
     def __init__(self, md: Mapping):
         self.md = md
-        self.tokens = md["tokenizer.ggml.tokens"]
+        self.tokens = fast_strings(md["tokenizer.ggml.tokens"])
         self.n_vocab = len(self.tokens)
         tt = _get(md, "tokenizer.ggml.token_type")
         self.token_types = tt
@@ -88,18 +166,10 @@ class BaseTokenizer:
         if self._split_any is None:
             ctrl, user = self._special_sets()
             toks = self.tokens
-            u = [toks[i] for i in user if toks[i] and self._matchable_user(i)]
-            c = [toks[i] for i in ctrl if toks[i] and self._matchable_ctrl(i)]
-            self._sp_ids = {toks[i]: i for i in list(ctrl) + list(user) if toks[i]}
-
-            def mk(words):
-                if not words:
-                    return None
-                words = sorted(set(words), key=len, reverse=True)
-                return regex.compile("(" + "|".join(regex.escape(w) for w in words) + ")")
-
-            self._split_any = mk(u + c) or False
-            self._split_user = mk(u) or False
+            u = [(toks[i], i) for i in sorted(user) if toks[i] and self._matchable_user(i)]
+            c = [(toks[i], i) for i in sorted(ctrl) if toks[i] and self._matchable_ctrl(i)]
+            self._split_any = _SpecialMatcher(u + c) if (u or c) else False
+            self._split_user = _SpecialMatcher(u) if u else False
         return self._split_any if parse_special else self._split_user
 
     def _matchable_ctrl(self, i: int) -> bool:
@@ -123,12 +193,11 @@ class BaseTokenizer:
             out.append(self.bos_id)
         sp = self._splitter(parse_special)
         if sp:
-            parts = sp.split(text)
             first = True
-            for k, part in enumerate(parts):
-                if k % 2:
-                    out.append(self._sp_ids[part])
-                elif part:
+            for is_sp, part in sp.split(text):
+                if is_sp:
+                    out.append(part)
+                else:
                     out.extend(self._encode_text(part, first))
                 first = False
         elif text:
