@@ -5,7 +5,7 @@ from typing import Mapping
 
 import regex
 
-from .base import BaseTokenizer, _get
+from .base import BaseTokenizer, _get, fast_strings
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3 = (
@@ -73,7 +73,7 @@ class BPETokenizer(BaseTokenizer):
 
     def __init__(self, md: Mapping, pre: str | None = None):
         super().__init__(md)
-        self.merges = md.get("tokenizer.ggml.merges") if hasattr(md, "get") else md["tokenizer.ggml.merges"]
+        self.merges = fast_strings(md["tokenizer.ggml.merges"])
         self.pre = pre or _get(md, "tokenizer.ggml.pre", "default") or "default"
         self._ranks = None
         self._pats = None

@@ -40,9 +40,17 @@ class SPMTokenizer(BaseTokenizer):
     def vocab(self) -> dict:
         if self._vocab is None:
             toks = self.tokens
+            v = dict(zip(toks, range(self.n_vocab)))
             if self.gemma:
-                toks = [SPACE * len(t) if (" " in t and not t.strip()) else t for t in toks]
-            self._vocab = dict(zip(toks, range(self.n_vocab)))
+                # whitespace-run tokens are user-defined (type 4); respell "  " as "▁▁"
+                ctrl, user = self._special_sets()
+                for i in user:
+                    t = toks[i]
+                    if " " in t and not t.strip():
+                        if v.get(t) == i:
+                            del v[t]
+                        v[SPACE * len(t)] = i
+            self._vocab = v
         return self._vocab
 
     def _ranks(self):
