@@ -13,7 +13,25 @@ class Tokenizer:
     """Factory: ``Tokenizer.from_metadata(md)`` / ``Tokenizer.from_gguf(f)``."""
 
     @staticmethod
-    def from_metadata(md: Mapping) -> BaseTokenizer:
+    def from_metadata(md: Mapping, eager: bool = True) -> BaseTokenizer:
+        """Build the tokenizer. With eager=True the lookup tables are built now (with the cyclic
+        GC paused: hundreds of thousands of new str objects otherwise trigger repeated full
+        collections), so the first encode() pays nothing extra."""
+        import gc
+
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            tok = Tokenizer._build(md)
+            if eager:
+                tok.prepare()
+        finally:
+            if was:
+                gc.enable()
+        return tok
+
+    @staticmethod
+    def _build(md: Mapping) -> BaseTokenizer:
         model = md.get("tokenizer.ggml.model", "llama")
         if isinstance(model, bytes):
             model = model.decode()

@@ -125,6 +125,16 @@ class BaseTokenizer:
         self._split_user = None
         self._eog = None
 
+    def prepare(self):
+        """Build lookup tables now instead of on first use."""
+        self.vocab
+        self._splitter(True)
+        self._prepare_model()
+        return self
+
+    def _prepare_model(self):
+        pass
+
     # ---------------------------------------------------------------- vocab
     @property
     def vocab(self) -> dict:

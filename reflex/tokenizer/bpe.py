@@ -113,6 +113,11 @@ class BPETokenizer(BaseTokenizer):
             pieces = out
         return pieces
 
+    def _prepare_model(self):
+        if self._ranks is None:
+            self._ranks = dict(zip(self.merges, range(len(self.merges))))
+        self._pretok()
+
     def _encode_text(self, text: str, at_start: bool) -> list:
         if self._ranks is None:
             self._ranks = dict(zip(self.merges, range(len(self.merges))))

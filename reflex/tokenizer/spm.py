@@ -65,6 +65,10 @@ class SPMTokenizer(BaseTokenizer):
             self._rank_ready = True
         return self._rank
 
+    def _prepare_model(self):
+        self._ranks()
+        self._byte_ids()
+
     def _byte_ids(self):
         if self._bytes_ids is None:
             v = self.vocab
