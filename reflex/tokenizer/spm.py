@@ -68,6 +68,24 @@ class SPMTokenizer(BaseTokenizer):
     def _prepare_model(self):
         self._ranks()
         self._byte_ids()
+        self._segmenter()
+
+    def _segmenter(self):
+        """Per-word caching is exact when no token spans "x▁" (x not ▁): then no merge can
+        cross the start of a ▁-run, and each run+word segment merges independently. The few
+        tokens that do span it (Gemma: ">▁</") make us fall back to whole-text BPE."""
+        if not hasattr(self, "_seg"):
+            import regex
+
+            big = "\x00".join(self.tokens)
+            crossing = regex.findall("[^\x00]*[^\x00▁]▁[^\x00]*", big)
+            if len(crossing) <= 64:
+                self._crossing = [c.replace(SPACE, " ") for c in crossing]
+                self._seg = regex.compile("(?<=[^▁])(?=▁)")
+            else:
+                self._seg = None
+            self._cache = {}
+        return self._seg
 
     def _byte_ids(self):
         if self._bytes_ids is None:
@@ -76,9 +94,27 @@ class SPMTokenizer(BaseTokenizer):
         return self._bytes_ids
 
     def _encode_text(self, text: str, at_start: bool) -> list:
+        seg = self._segmenter()
+        if seg is not None and len(text) > 16 and not any(c in text for c in self._crossing):
+            text = text.replace(" ", SPACE)
+            if self.add_space_prefix and at_start:
+                text = SPACE + text
+            out = []
+            cache = self._cache
+            for w in seg.split(text):
+                ids = cache.get(w)
+                if ids is None:
+                    ids = self._bpe(w)
+                    if len(cache) < 200_000:
+                        cache[w] = ids
+                out.extend(ids)
+            return out
         text = text.replace(" ", SPACE)
         if self.add_space_prefix and at_start:
             text = SPACE + text
+        return self._bpe(text)
+
+    def _bpe(self, text: str) -> list:
         if not text:
             return []
         vocab = self.vocab
