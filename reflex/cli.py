@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # stdout closed early (`| head`): not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

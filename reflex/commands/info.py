@@ -2,28 +2,15 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from reflex.errors import ModelNotFound
-
-
-def models_dir() -> Path:
-    return Path(os.environ.get("REFLEX_MODELS") or (Path.home() / ".cache" / "reflex" / "models"))
 
 
 def resolve_model(model: str) -> Path:
-    p = Path(model).expanduser()
-    if p.is_file():
-        return p
-    cands = [models_dir() / model]
-    if not model.endswith(".gguf"):
-        cands.append(models_dir() / (model + ".gguf"))
-    for c in cands:
-        if c.is_file():
-            return c
-    raise ModelNotFound(f"model {model!r} not found (looked at {p} and in {models_dir()}); "
-                        f"run `reflex fetch` to download the default models")
+    # One resolver for the whole CLI: paths, file names in the models dir, and aliases.
+    from reflex.store import resolve
+
+    return resolve(model)
 
 
 def add_arguments(parser):
