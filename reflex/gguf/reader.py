@@ -372,8 +372,9 @@ class GGUFFile:
             ttype = p.u32("tensor type")
             if ttype not in GGML_QUANT_SIZES:
                 raise _err(f"tensor {name!r} has unknown ggml type {ttype}", "bad_tensor_type", tt_pos)
+            opos = p.pos
             off = p.u64("tensor offset")
-            raw.append((name, ne, ttype, off, tpos))
+            raw.append((name, ne, ttype, off, opos))
         data_offset = -(-p.pos // align) * align
         self.data_offset = data_offset
 
@@ -391,9 +392,9 @@ class GGUFFile:
                 raise _err(f"tensor {name!r} offset {off} not aligned to {align}", "misaligned_tensor", tpos)
             start = data_offset + off
             if start + nbytes > self.size:
-                kind = "offset_past_end" if start >= self.size else "truncated_tensor_data"
+                past = start >= self.size
                 raise _err(f"tensor {name!r} data [{start}, {start + nbytes}) past end of file ({self.size})",
-                           kind, start)
+                           "offset_past_end" if past else "truncated_tensor_data", tpos if past else start)
             tensors[name] = TensorInfo(name, tuple(ne), tuple(reversed(ne)), ttype, start, nbytes)
         spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors.values())
         for (s0, e0, n0), (s1, e1, n1) in zip(spans, spans[1:]):
