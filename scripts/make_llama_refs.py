@@ -2,7 +2,7 @@
 
 transformers dequantizes the GGUF to float32 and runs its own LlamaForCausalLM. For each prompt we
 record the prompt token ids (transformers' tokenizer, BOS included when it adds one), 32 greedy new
-tokens (EOS ignored), and the last-position prompt logits (top-50 values/ids plus summary stats).
+tokens (plain argmax, EOS not special), and the last-position prompt logits (top-50 values/ids plus summary stats).
 
 Usage: python scripts/make_llama_refs.py   -> tests/data/llama_ref_smollm2.json
 Needs torch + transformers + gguf (not installed in CI).
@@ -41,9 +41,12 @@ def main():
         ids = tok(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
             logits = model(ids).logits[0, -1].double().numpy()
-            out = model.generate(ids, max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False,
-                                 eos_token_id=None, pad_token_id=tok.eos_token_id or 0)
-        new = out[0, ids.shape[1]:].tolist()
+            # plain argmax loop: generate(min_new_tokens=...) would mask EOS, we want raw greedy
+            seq = ids
+            for _ in range(N_NEW):
+                nxt = model(seq).logits[0, -1].argmax()
+                seq = torch.cat([seq, nxt.view(1, 1)], dim=1)
+        new = seq[0, ids.shape[1]:].tolist()
         assert len(new) == N_NEW, len(new)
         order = np.argsort(-logits, kind="stable")[:TOP]
         cases.append({
