@@ -178,3 +178,26 @@ def test_api(name):
     assert tok.decode(ids, skip_special=True) == ""
     if name == "gemma3":
         assert tok.encode("hi")[0] == tok.bos_id
+
+
+@pytest.mark.parametrize("pre", ["default", "gpt2", "smollm", "llama-bpe", "qwen2", "deepseek-llm", "deepseek-v3"])
+def test_pre_tokenizer_splits(pre):
+    """Each pre-tokenizer split is lossless; llama-bpe/qwen2/gpt2 match HF tokenizers' Split."""
+    from reflex.tokenizer.bpe import BPETokenizer, PRE_SPLITS
+
+    md = {"tokenizer.ggml.tokens": ["a"], "tokenizer.ggml.merges": [], "tokenizer.ggml.pre": pre}
+    tok = BPETokenizer(md)
+    lines, _ = corpus()
+    ref = None
+    if pre in ("llama-bpe", "qwen2", "gpt2"):
+        try:
+            from tokenizers import Regex, pre_tokenizers
+
+            ref = pre_tokenizers.Split(Regex(PRE_SPLITS[pre][0]), behavior="isolated")
+        except ImportError:
+            pass
+    for l in lines[:1500]:
+        parts = tok._split(l)
+        assert "".join(parts) == l
+        if ref is not None:
+            assert parts == [p for p, _ in ref.pre_tokenize_str(l)], l

@@ -20,11 +20,17 @@ class StreamDecoder:
         self.tok = tok
         self.skip_special = skip_special
         self.buf = b""
+        # SentencePiece with add_space_prefix: drop the prefix space of the very first piece.
+        self._strip = bool(getattr(tok, "add_space_prefix", False))
 
     def feed(self, token_id: int) -> str:
         if self.skip_special and self.tok.is_special(token_id):
             return ""
         b = self.buf + self.tok.piece_bytes(token_id)
+        if self._strip and b:
+            self._strip = False
+            if b[:1] == b" ":
+                b = b[1:]
         k = _incomplete_tail(b)
         if k:
             self.buf = b[-k:]
