@@ -78,7 +78,14 @@ class SPMTokenizer(BaseTokenizer):
             import regex
 
             big = "\x00".join(self.tokens)
-            crossing = regex.findall("[^\x00]*[^\x00▁]▁[^\x00]*", big)
+            crossing = []
+            for m in regex.finditer("[^\x00▁]▁", big):
+                if len(crossing) > 64:
+                    break
+                a = big.rfind("\x00", 0, m.start()) + 1
+                b = big.find("\x00", m.end())
+                crossing.append(big[a:b if b >= 0 else len(big)])
+            crossing = list(dict.fromkeys(crossing))
             if len(crossing) <= 64:
                 self._crossing = [c.replace(SPACE, " ") for c in crossing]
                 self._seg = regex.compile("(?<=[^▁])(?=▁)")
