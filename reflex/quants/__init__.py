@@ -1,0 +1,64 @@
+"""Quantized tensor formats: dequantize / quantize GGML block types with numpy.
+
+    dequantize(raw uint8, ggml_type, shape) -> float32 array of `shape`
+    quantize(x float32, ggml_type)          -> uint8 raw bytes (rows concatenated)
+    QUANTS[type_id]                         -> class with .name, .block_size, .type_size
+
+One module per format family: simple (F32/F16/BF16), legacy (Q4_0..Q8_0),
+kquants (Q2_K..Q6_K). Each type is a class registered by its GGML type id.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._base import QUANTS, QuantType
+from . import simple, legacy, kquants  # noqa: F401  (register types)
+
+__all__ = ["QUANTS", "QuantType", "dequantize", "quantize", "get"]
+
+# elements per driver chunk: keeps the per-chunk temporaries within cache
+_CHUNK_ELEMS = 1 << 18
+
+
+def get(ggml_type: int) -> type[QuantType]:
+    try:
+        return QUANTS[int(ggml_type)]
+    except KeyError:
+        raise NotImplementedError(f"unsupported GGML type {ggml_type}") from None
+
+
+def dequantize(raw: np.ndarray, ggml_type: int, shape) -> np.ndarray:
+    qt = get(ggml_type)
+    shape = tuple(int(s) for s in shape)
+    n_el = int(np.prod(shape, dtype=np.int64))
+    if n_el % qt.block_size:
+        raise ValueError(f"{n_el} elements not a multiple of {qt.name} block size {qt.block_size}")
+    nb = n_el // qt.block_size
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8:
+        raw = np.ascontiguousarray(raw).view(np.uint8)
+    raw = raw.reshape(-1)
+    if raw.size < nb * qt.type_size:
+        raise ValueError(f"{qt.name}: need {nb * qt.type_size} bytes, got {raw.size}")
+    blocks = raw[: nb * qt.type_size].reshape(nb, qt.type_size)
+    out = np.empty((nb, qt.block_size), np.float32)
+    step = max(1, _CHUNK_ELEMS // qt.block_size)
+    for i in range(0, nb, step):
+        qt.dequantize_blocks(blocks[i:i + step], out[i:i + step])
+    return out.reshape(shape)
+
+
+def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
+    qt = get(ggml_type)
+    if not qt.can_quantize:
+        raise NotImplementedError(f"quantization to {qt.name} is not implemented")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim == 0 or x.shape[-1] % qt.block_size:
+        raise ValueError(f"last dim {x.shape[-1:]} not divisible by {qt.name} block size {qt.block_size}")
+    blocks = x.reshape(-1, qt.block_size)
+    nb = blocks.shape[0]
+    out = np.empty((nb, qt.type_size), np.uint8)
+    step = max(1, _CHUNK_ELEMS // qt.block_size)
+    for i in range(0, nb, step):
+        out[i:i + step] = qt.quantize_blocks(blocks[i:i + step])
+    return out.reshape(-1)
