@@ -46,16 +46,16 @@ def fast_strings(arr) -> list:
         start = int(offs[0])
         end = int(offs[-1] + lens[-1])
         r = np.frombuffer(buf, np.uint8, end - start, start)
-        hdr = (offs[1:] - 8 - start)[:, None] + np.arange(8)
-        keep = np.ones(r.size, bool)
-        keep[hdr.ravel()] = False
-        if not r[keep].all():  # a NUL inside some string: cannot use NUL as separator
-            raise ValueError
-        sep = hdr[:, 7]
-        keep[sep] = True
+        d = np.zeros(r.size + 1, np.int8)
+        h = offs[1:] - start
+        d[h - 8] = 1
+        d[h] = -1
+        hdr = np.cumsum(d[:-1], dtype=np.int8).view(np.bool_)
         r2 = r.copy()
-        r2[sep] = 0
-        parts = r2[keep].tobytes().decode("utf-8").split("\x00")
+        r2[hdr] = 0
+        if np.count_nonzero(r2) != r.size - 8 * (n - 1):
+            raise ValueError  # a NUL inside some string: cannot use NULs as separators
+        parts = r2.tobytes().decode("utf-8").split("\x00" * 8)
         if len(parts) != n:
             raise ValueError
         return parts
