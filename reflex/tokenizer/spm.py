@@ -68,7 +68,8 @@ class SPMTokenizer(BaseTokenizer):
     def _prepare_model(self):
         self._ranks()
         self._byte_ids()
-        self._segmenter()
+        # the segmenter (one scan of the vocabulary, ~30 ms on Gemma) is built on the first
+        # encode of a long text, so short prompts right after load do not pay for it.
 
     def _segmenter(self):
         """Per-word caching is exact when no token spans "x▁" (x not ▁): then no merge can
@@ -101,7 +102,7 @@ class SPMTokenizer(BaseTokenizer):
         return self._bytes_ids
 
     def _encode_text(self, text: str, at_start: bool) -> list:
-        seg = self._segmenter()
+        seg = self._segmenter() if len(text) > 256 or hasattr(self, "_seg") else None
         if seg is not None and len(text) > 16 and not any(c in text for c in self._crossing):
             text = text.replace(" ", SPACE)
             if self.add_space_prefix and at_start:
