@@ -1,6 +1,7 @@
 """CPU (NumPy backend) generation benchmark: load time, prefill tok/s, decode tok/s.
 
 Usage: python benchmarks/bench_cpu_generate.py [--model PATH] [--prompt-len 128] [--decode 64]
+On a shared/busy machine REFLEX_NUM_THREADS=1 avoids OpenBLAS spin contention.
 """
 import argparse
 import os
@@ -43,7 +44,8 @@ def main():
             nxt = int(np.argmax(model.forward([nxt], cache)[-1]))
         best_dec = max(best_dec, a.decode / (time.perf_counter() - t0))
 
-    print(f"model        {os.path.basename(a.model)}  backend={a.backend}")
+    print(f"model        {os.path.basename(a.model)}  backend={a.backend}  "
+          f"REFLEX_NUM_THREADS={os.environ.get('REFLEX_NUM_THREADS', '(BLAS default)')}")
     print(f"load         {t_load:.2f} s")
     print(f"prefill      {best_pf:.1f} tok/s  ({a.prompt_len}-token prompt, best of {a.repeat})")
     print(f"decode       {best_dec:.1f} tok/s  ({a.decode} tokens, best of {a.repeat})")

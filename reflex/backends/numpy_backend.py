@@ -1,6 +1,9 @@
 """Reference CPU backend: float32 NumPy, weights dequantized once at load."""
 from __future__ import annotations
 
+import ctypes
+import os
+
 import numpy as np
 
 from reflex.backends.base import ROPE_NEOX, ROPE_NORM, Backend
@@ -23,11 +26,39 @@ def _dequantize(raw, ggml_type: int, shape: tuple) -> np.ndarray:
     return np.asarray(dequantize(raw, ggml_type, tuple(shape)), dtype=np.float32).reshape(shape)
 
 
+def set_blas_threads(n: int) -> bool:
+    """Set the OpenBLAS thread count of the BLAS NumPy loaded (no threadpoolctl dependency).
+
+    Returns False where the library or symbol is not found (then nothing changes)."""
+    try:
+        with open("/proc/self/maps") as fh:
+            libs = {ln.split()[-1] for ln in fh if "openblas" in ln and ".so" in ln}
+    except OSError:
+        return False
+    for path in sorted(libs):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for sym in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                    "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                fn(ctypes.c_int(int(n)))
+                return True
+    return False
+
+
 class NumpyBackend(Backend):
     name = "numpy"
 
-    def __init__(self):
+    def __init__(self, n_threads: int | None = None):
+        """n_threads: BLAS threads (default: env REFLEX_NUM_THREADS, else the BLAS default)."""
         self._inv_freq = {}
+        if n_threads is None and os.environ.get("REFLEX_NUM_THREADS"):
+            n_threads = int(os.environ["REFLEX_NUM_THREADS"])
+        if n_threads:
+            set_blas_threads(n_threads)
 
     # ---- weights / arrays ----------------------------------------------------------------------
     def prepare_weight(self, raw_bytes, ggml_type: int, shape: tuple):
