@@ -229,15 +229,15 @@ def _scan_fast(buf, start: int, count: int, W: int):
     if W <= 16:
         return None
     b = np.frombuffer(buf, dtype=np.uint8, count=W, offset=start)
-    z = b == 0
-    n = W - 7
-    m = z[2 : 2 + n].copy()
-    for k in range(3, 8):
-        m &= z[k : k + n]
-    C = np.flatnonzero(m)
+    # Candidate prefixes: positions p whose u64 is < 256, i.e. bytes p+1..p+7 are zero.
+    z = b[1:] == 0
+    a2 = z[:-1] & z[1:]
+    a4 = a2[:-2] & a2[2:]
+    a7 = a4[:-3] & a4[3:]  # a7[p] = b[p+1..p+7] all zero
+    C = np.flatnonzero(a7)
     if not len(C) or C[0] != 0:
         return None
-    nx = C + 8 + (b[C].astype(np.int64) | (b[C + 1].astype(np.int64) << 8))
+    nx = C + 8 + b[C]
     # Prune candidates nobody points at (true prefixes always have their predecessor), until
     # the first `count` survivors form one exact chain from `start`.
     for _ in range(24):
@@ -259,7 +259,7 @@ def _scan_fast(buf, start: int, count: int, W: int):
 def _scan_strings(buf, size: int, start: int, count: int):
     """Offsets of the `count` length-prefixed strings starting at `start`, and the end position.
 
-    Fast path: every position whose u64 would be < 65536 is a candidate length prefix; the chain
+    Fast path: every position whose u64 would be < 256 is a candidate length prefix; the chain
     from `start` is followed through candidates (exact, since each step uses a true prefix).
     Where the chain leaves the candidates, the plain sequential walk takes over.
     """
