@@ -201,3 +201,17 @@ def test_pre_tokenizer_splits(pre):
         assert "".join(parts) == l
         if ref is not None:
             assert parts == [p for p, _ in ref.pre_tokenize_str(l)], l
+
+
+@pytest.mark.parametrize("name", list(FILES))
+def test_stream_matches_decode(name):
+    """Streaming over corpus chunks (plus byte-fallback-heavy text) equals decode()."""
+    tok = get_tok(name)
+    _, chunks = corpus()
+    rare = "rare: \U00020b9f\U0002a6b2 \U0001fae8 \u0b95\u0bcd\u0bb7 \U0001d11e\n"
+    for text in chunks[:40] + [rare * 2]:
+        ids = tok.encode(text, add_special=False)
+        st = tok.stream()
+        parts = [st.feed(i) for i in ids] + [st.flush()]
+        assert "".join(parts) == tok.decode(ids) == text
+        assert all("\ufffd" not in p for p in parts)
