@@ -74,7 +74,7 @@ class BPETokenizer(BaseTokenizer):
 
     def __init__(self, md: Mapping, pre: str | None = None):
         super().__init__(md)
-        self.merges = fast_strings(md["tokenizer.ggml.merges"])
+        self.merges = fast_strings(md["tokenizer.ggml.merges"]) if "tokenizer.ggml.merges" in md else []
         self.pre = pre or _get(md, "tokenizer.ggml.pre", "default") or "default"
         self._ranks = None
         self._pats = None

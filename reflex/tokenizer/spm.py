@@ -53,6 +53,13 @@ class SPMTokenizer(BaseTokenizer):
             self._vocab = v
         return self._vocab
 
+    def id_of(self, text: str):
+        v = self.vocab
+        i = v.get(text)
+        if i is None and self.gemma and text and not text.strip(" "):
+            i = v.get(SPACE * len(text))
+        return i
+
     def _ranks(self):
         if self._rank is None:
             if self.gemma or self._scores is None:
