@@ -136,3 +136,61 @@ def test_model_tensors_bit_exact(model):
         sub = raw[: n_rows * row_bytes].reshape(n_rows, row_bytes)[rows]
         ref = _ref(sub.reshape(-1, q.type_size), t, rows.size * row)
         assert _bits_equal(ours.reshape(n_rows, row)[rows], ref), name
+
+
+# ---- reflex quantize command --------------------------------------------------------------
+
+def _write_small_gguf(path):
+    rng = np.random.default_rng(7)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.block_count", 2)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_string("general.name", "tiny")
+    w.add_array("tokenizer.ggml.tokens", ["a", "b", "<s>"])
+    w.add_array("tokenizer.ggml.scores", [0.5, -1.0, 2.0])
+    tensors = {"blk.0.attn_q.weight": rng.standard_normal((64, 256)).astype(np.float32),
+               "blk.0.attn_norm.weight": rng.standard_normal(256).astype(np.float32)}
+    for n, a in tensors.items():
+        w.add_tensor(n, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tensors
+
+
+@pytest.mark.parametrize("tname,bound", [("Q8_0", 0.007), ("Q4_K", 0.10), ("Q6_K", 0.025)])
+def test_quantize_command(tmp_path, tname, bound):
+    pytest.importorskip("reflex.gguf")
+    from reflex.cli import main
+    from reflex.gguf import GGUFFile
+    src = tmp_path / "in.gguf"
+    dst = tmp_path / "out.gguf"
+    tensors = _write_small_gguf(src)
+    assert main(["quantize", str(src), str(dst), tname]) == 0
+    a, b = GGUFFile(str(src)), GGUFFile(str(dst))
+    try:
+        assert set(a.metadata) <= set(b.metadata)
+        for k, v in a.metadata.items():
+            v2 = b.metadata[k]
+            if hasattr(v, "tolist"):
+                v, v2 = v.tolist(), v2.tolist()
+            assert v == v2, k
+        t = b.tensors["blk.0.attn_q.weight"]
+        assert QUANTS[t.ggml_type].name == tname and t.shape == (64, 256)
+        assert b.tensors["blk.0.attn_norm.weight"].ggml_type == 0
+        for n, x in tensors.items():
+            ti = b.tensors[n]
+            y = dequantize(b.tensor_bytes(n), ti.ggml_type, ti.shape)
+            rel = np.sqrt(np.mean((y - x) ** 2)) / np.sqrt(np.mean(x ** 2))
+            assert rel <= (bound if x.ndim == 2 else 0.0), n
+    finally:
+        a.close()
+        b.close()
+
+
+def test_quantize_command_bad_type(tmp_path):
+    from reflex.cli import main
+    src = tmp_path / "in.gguf"
+    _write_small_gguf(src)
+    assert main(["quantize", str(src), str(tmp_path / "o.gguf"), "Q2_K"]) == 2
