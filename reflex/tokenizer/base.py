@@ -9,7 +9,7 @@ TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER, TOKEN_UNUSED, TOKEN_BYTE
 
 _EOG_TEXTS = (
     "<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "<|eom_id|>",
-    "<EOT>", "<|end_of_text|>", "<|return|>", "<|call|>", "<eos>", "</s>",
+    "<EOT>", "<|end_of_text|>", "<|return|>", "<|call|>",
 )
 
 
