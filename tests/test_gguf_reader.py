@@ -219,3 +219,26 @@ def test_info_cli_missing_model(tmp_path):
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert out.returncode == 3
     assert "reflex fetch" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("variant", ["plain", "long", "empty", "zeros", "mixed"])
+def test_string_array_scan_paths(tmp_path, variant):
+    """The vectorized offset scan and its sequential fallback must agree exactly."""
+    rng = np.random.default_rng(7)
+    items = [f"t{i}_" + "ab" * int(rng.integers(0, 6)) for i in range(2000)]
+    if variant in ("long", "mixed"):
+        items[700] = "L" * 300
+        items[1999] = "M" * 70000
+    if variant in ("empty", "mixed"):
+        for i in range(0, 2000, 7):
+            items[i] = ""
+    if variant in ("zeros", "mixed"):
+        for i in range(3, 2000, 11):
+            items[i] = "\x00" * int(rng.integers(1, 12))
+    p = _write(tmp_path / "s.gguf", lambda w: (w.add_array("x.strs", items), w.add_uint32("x.after", 99)))
+    with GGUFFile(p) as f:
+        got = f.metadata["x.strs"]
+        assert len(got) == len(items)
+        assert list(got) == items
+        assert got.tolist() == items
+        assert f.metadata["x.after"] == 99

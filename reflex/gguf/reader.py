@@ -38,6 +38,7 @@ _BOOL = int(GGUFValueType.BOOL)
 _FLOATS = (int(GGUFValueType.FLOAT32), int(GGUFValueType.FLOAT64))
 _MAX_NESTING = 8
 _MAX_KEY_LEN = 1 << 16
+_MAX_SCAN_WINDOW = 128 << 20  # bytes; bounds the vectorized string scan's temporaries
 
 
 @dataclass(frozen=True)
@@ -267,14 +268,14 @@ def _scan_strings(buf, size: int, start: int, count: int):
     pos = start
     if count >= 256:
         for mult in (20, 40, 80):
-            W = min(size - start, count * mult + 64)
+            W = min(size - start, count * mult + 64, _MAX_SCAN_WINDOW)
             r = _scan_fast(buf, start, count, W)
             if r is not None:
                 offs, end = r
                 if end > size:
                     raise _err("string array runs past end of file", "truncated", start)
                 return offs, end
-            if W == size - start:
+            if W == size - start or W == _MAX_SCAN_WINDOW:
                 break
     pos = _scan_slow(buf, size, pos, count - len(out), out)
     return np.array(out, dtype=np.int64), pos
