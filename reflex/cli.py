@@ -20,6 +20,8 @@ COMMANDS = {
     "tokenize": ("reflex.commands.tokenize", "tokenize text with a model's tokenizer"),
     "quantize": ("reflex.commands.quantize", "re-quantize a GGUF file"),
     "synth": ("reflex.commands.synth", "write a random-weight model with a real model's shapes"),
+    "generate": ("reflex.commands.generate", "generate text from a prompt"),
+    "smoke": ("reflex.commands.smoke", "end-to-end check: one greedy chat answer with timings"),
 }
 
 

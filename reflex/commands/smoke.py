@@ -1,0 +1,37 @@
+"""`reflex smoke [--json]`: load the default model, ask one chat question greedily, report timings.
+
+Exit 0 only when at least one token of non-empty text came out; 70 otherwise."""
+from __future__ import annotations
+
+import json
+import sys
+
+QUESTION = "What is the capital of France?"
+
+
+def add_arguments(p):
+    p.add_argument("-m", "--model", default="smollm2", help="model (default smollm2)")
+    p.add_argument("--max-tokens", type=int, default=24)
+
+
+def run(args) -> int:
+    from reflex.commands.generate import format_timings
+    from reflex.engine import Engine
+    from reflex.errors import ReflexError
+
+    eng = Engine(args.model)
+    res = eng.chat([{"role": "user", "content": QUESTION}], max_tokens=args.max_tokens, temperature=0)
+    ok = res.usage["completion_tokens"] >= 1 and res.text.strip() != ""
+    if args.json:
+        d = {"ok": ok, "model": str(eng.path), "question": QUESTION, "answer": res.text,
+             "finish_reason": res.finish_reason, "usage": res.usage, "timings": res.timings}
+        if not ok:
+            d["error"] = {"category": "internal", "message": "smoke test generated no text"}
+        print(json.dumps(d, ensure_ascii=False))
+    else:
+        print(f"Q: {QUESTION}\nA: {res.text}")
+    print(f"[{res.finish_reason}] " + format_timings(res.timings, res.usage), file=sys.stderr)
+    if not ok:
+        print("reflex smoke: error [internal]: smoke test generated no text", file=sys.stderr)
+        return ReflexError("").exit_code
+    return 0
