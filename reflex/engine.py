@@ -191,7 +191,8 @@ class Engine:
         eog = set(tok.eog_ids)
         dec = tok.stream()
         sm = _StopMatcher(stops)
-        cache = model.new_cache(self.n_ctx)
+        # only as many positions as this request can use (prompt + new tokens) <= n_ctx
+        cache = model.new_cache(min(self.n_ctx, len(ids) + max_new))
         history = list(ids)
         out_ids: list = []
         text_parts: list = []

@@ -66,6 +66,9 @@ class Sampler:
             idx = np.arange(n)
         idx = idx[np.argsort(-x[idx], kind="stable")]
         lg = x[idx]
+        if not np.isfinite(lg[0]):  # nothing usable left (all -inf / nan): fall back to argmax
+            return int(np.argmax(np.nan_to_num(x, nan=-np.inf)))
+        lg = np.where(np.isnan(lg), -np.inf, lg)
         keep = len(idx)
         # top-p on the (temperature-1) softmax of the remaining candidates
         if self.top_p < 1.0:
