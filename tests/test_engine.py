@@ -100,6 +100,46 @@ def test_greedy_matches_transformers(eng):
 
 
 @needs_model
+def test_greedy_until_eog_matches_transformers(eng):
+    # case 0 greedily reaches <|im_end|> (an end-of-generation token): it stops there, unemitted
+    with open(REF) as fh:
+        case = json.load(fh)["cases"][0]
+    ref = case["greedy_ids"]
+    cut = next(i for i, t in enumerate(ref) if t in eng.tokenizer.eog_ids)
+    r = eng.generate(case["prompt"], max_tokens=len(ref), temperature=0)
+    assert r.tokens == ref[:cut]
+    assert r.finish_reason == "stop"
+    assert r.text == eng.tokenizer.decode(ref[:cut])
+
+
+@needs_model
+def test_special_tokens_in_prompt(eng):
+    # the chat-formatted case: special tokens must be parsed, and generation stops at <|im_end|>
+    with open(REF) as fh:
+        case = json.load(fh)["cases"][5]
+    assert eng.tokenizer.encode(case["prompt"], parse_special=True) == case["prompt_ids"]
+    r = eng.generate(case["prompt"], parse_special=True, max_tokens=16, temperature=0)
+    ref = case["greedy_ids"]
+    cut = next(i for i, t in enumerate(ref) if t in eng.tokenizer.eog_ids)
+    assert r.tokens == ref[:cut] and r.finish_reason == "stop"
+    assert r.text == "The answer is 4."
+
+
+def test_stop_matcher_holds_back_prefixes():
+    from reflex.engine import _StopMatcher
+
+    m = _StopMatcher(["STOP", "xyz"])
+    out = [m.push(p) for p in ["ab", "cS", "T", "x", "O", "P tail"]]
+    assert out == ["ab", "c", "", "ST", "xO", "P tail"] and not m.hit  # "x" may start "xyz"
+    m = _StopMatcher(["STOP"])
+    assert m.push("abS") == "ab" and m.push("TO") == "" and m.push("Pzz") == "" and m.hit
+    m = _StopMatcher(["STOP"])
+    assert m.push("abST") == "ab" and m.push("x") == "STx" and m.flush() == "" and not m.hit
+    m = _StopMatcher(["STOP"])
+    assert m.push("abSTO") == "ab" and m.flush() == "STO"
+
+
+@needs_model
 def test_seeded_sampling(eng):
     kw = dict(max_tokens=6, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)
     a = eng.generate("Once upon a time", seed=1, **kw)
