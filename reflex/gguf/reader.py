@@ -416,6 +416,8 @@ class GGUFFile:
 
     def tensor_bytes(self, name: str) -> np.ndarray:
         t = self.tensors[name]
+        if self._mm is None:
+            raise ValueError(f"GGUF file {self.path} is closed")
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
     def close(self):
