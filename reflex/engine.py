@@ -122,6 +122,17 @@ class Engine:
         self.load_timings = {"open_s": t1 - t0, "tokenizer_s": t2 - t1, "model_s": t3 - t2,
                              "load_s": t3 - t0}
 
+    def close(self):
+        """Release the model file (the Engine is unusable afterwards)."""
+        self.model = None
+        self.gguf.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     @property
     def load_s(self) -> float:
         return self.load_timings["load_s"]
