@@ -41,6 +41,18 @@ def _safe_inv(d: np.ndarray) -> np.ndarray:
         return np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
 
 
+
+def _quantize_min_scale(x, qmax: int):
+    """Round-to-nearest for the `x = d*q + m` formats (Q4_1, Q5_1): q in [0, qmax]."""
+    mx = x.max(axis=1, keepdims=True)
+    mn = x.min(axis=1, keepdims=True)
+    d = (mx - mn) / np.float32(qmax)
+    # quantize against the fp16-rounded min/scale actually stored
+    d16 = d.astype(np.float16).astype(np.float32)
+    m16 = mn.astype(np.float16).astype(np.float32)
+    q = np.clip(np.floor((x - m16) * _safe_inv(d16) + np.float32(0.5)), 0, qmax).astype(np.uint8)
+    return d, mn, q
+
 @register
 class Q8_0(QuantType):
     """
@@ -108,13 +120,7 @@ class Q4_1(QuantType):
 
     @classmethod
     def quantize_blocks(cls, x):
-        mx = x.max(axis=1, keepdims=True)
-        mn = x.min(axis=1, keepdims=True)
-        d = (mx - mn) / np.float32(15)
-        # quantize against the fp16-rounded min/scale actually stored
-        d16 = d.astype(np.float16).astype(np.float32)
-        m16 = mn.astype(np.float16).astype(np.float32)
-        q = np.clip(np.floor((x - m16) * _safe_inv(d16) + np.float32(0.5)), 0, 15).astype(np.uint8)
+        d, mn, q = _quantize_min_scale(x, 15)
         return np.concatenate([f16_bytes(d), f16_bytes(mn), _pack_nibbles(q)], axis=1)
 
 
@@ -165,10 +171,5 @@ class Q5_1(QuantType):
 
     @classmethod
     def quantize_blocks(cls, x):
-        mx = x.max(axis=1, keepdims=True)
-        mn = x.min(axis=1, keepdims=True)
-        d = (mx - mn) / np.float32(31)
-        d16 = d.astype(np.float16).astype(np.float32)
-        m16 = mn.astype(np.float16).astype(np.float32)
-        q = np.clip(np.floor((x - m16) * _safe_inv(d16) + np.float32(0.5)), 0, 31).astype(np.uint8)
+        d, mn, q = _quantize_min_scale(x, 31)
         return np.concatenate([f16_bytes(d), f16_bytes(mn), _pack_high(q), _pack_nibbles(q)], axis=1)
