@@ -5,4 +5,4 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 "$PY" -m pip install -q --disable-pip-version-check -e '.[dev]'
 "$PY" -m reflex fetch            # default models, sha256-verified, into $REFLEX_MODELS or ~/.cache/reflex/models
-"$PY" -m reflex info smollm2     # main job until generation lands (`reflex smoke`)
+"$PY" -m reflex smoke            # main job: a real generation on the default model, with timings
