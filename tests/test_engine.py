@@ -214,3 +214,14 @@ def test_smoke_cli():
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["ok"] and "Paris" in d["answer"] and d["usage"]["completion_tokens"] >= 1
+
+
+def test_tokenize_command_json():
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "reflex", "tokenize", "--json", "--no-special",
+                          "Hello world"], capture_output=True, text=True, check=True).stdout
+    d = json.loads(out)
+    assert d["ids"] == [19556, 905] and d["pieces"] == ["Hello", " world"]

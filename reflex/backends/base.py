@@ -50,12 +50,19 @@ class Backend(abc.ABC):
         of each head rotate, the rest pass through."""
 
     @abc.abstractmethod
-    def attention(self, q, k_cache, v_cache, n_past: int, scale: float | None = None):
-        """Causal scaled-dot-product attention with grouped-query heads.
+    def attention(self, q, k_cache, v_cache, n_past: int, scale: float | None = None, *,
+                  window: int = 0, mask=None, causal: bool = True):
+        """Scaled-dot-product attention with grouped-query heads.
 
-        q (T, n_head, head_dim) holds queries at positions n_past .. n_past+T-1; k_cache / v_cache
-        (n_ctx, n_head_kv, head_dim) already hold keys/values for positions 0 .. n_past+T-1.
-        Query head h reads kv head h // (n_head // n_head_kv). Returns (T, n_head, head_dim)."""
+        q (T, n_head, head_dim) holds queries for cache slots n_past .. n_past+T-1; k_cache / v_cache
+        (n_ctx, n_head_kv, head_dim) already hold keys/values for slots 0 .. n_past+T-1 (S slots).
+        Query head h reads kv head h // (n_head // n_head_kv). Returns (T, n_head, head_dim).
+
+        Which keys a query sees:
+          mask given  -- numpy bool (T, S), True = visible; it alone decides (tree masks for system1)
+          causal      -- slot j visible to query slot i iff j <= i (else: every slot is visible)
+          window > 0  -- additionally i - j < window (sliding-window layers; llama.cpp's n_swa)
+        """
 
     @abc.abstractmethod
     def kv_write(self, cache, x, start: int):
@@ -68,6 +75,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def gelu_tanh(self, x):
         ...
+
+    def gelu(self, x):
+        """Exact (erf) GELU, as BERT uses."""
+        raise NotImplementedError(f"{self.name} backend has no gelu")
+
+    def layer_norm(self, x, w, b, eps: float):
+        """(x - mean) / sqrt(var + eps) * w + b over the last axis; w and b may be None."""
+        raise NotImplementedError(f"{self.name} backend has no layer_norm")
 
     @abc.abstractmethod
     def mul(self, a, b):

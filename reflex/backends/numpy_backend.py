@@ -9,6 +9,15 @@ import numpy as np
 from reflex.backends.base import ROPE_NEOX, ROPE_NORM, Backend
 from reflex.errors import ModelFormatError
 
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf in float64 without SciPy: Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7, which is below
+    float32 resolution of GELU's output (math.erf per element would cost ~0.2 us each)."""
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return np.sign(x) * (1.0 - poly * np.exp(-a * a))
+
+
 def set_blas_threads(n: int) -> bool:
     """Set the OpenBLAS thread count of the BLAS NumPy loaded (no threadpoolctl dependency).
 
@@ -106,7 +115,8 @@ class NumpyBackend(Backend):
     def kv_write(self, cache, x, start: int):
         cache[start:start + x.shape[0]] = x
 
-    def attention(self, q, k_cache, v_cache, n_past: int, scale: float | None = None):
+    def attention(self, q, k_cache, v_cache, n_past: int, scale: float | None = None, *,
+                  window: int = 0, mask=None, causal: bool = True):
         T, n_head, d = q.shape
         n_kv = k_cache.shape[1]
         g = n_head // n_kv
@@ -119,10 +129,19 @@ class NumpyBackend(Backend):
         qg = q.reshape(T, n_kv, g, d).transpose(1, 2, 0, 3).reshape(n_kv, g * T, d)
         s = np.matmul(qg, k) * np.float32(scale)  # (n_kv, g*T, S)
         s = s.reshape(n_kv, g, T, S)
-        if T > 1:
-            qpos = n_past + np.arange(T)
-            mask = np.arange(S)[None, :] > qpos[:, None]  # (T, S) future keys
-            s[:, :, mask] = -np.inf
+        if mask is not None:
+            mask = np.asarray(mask, dtype=bool)
+            if mask.shape != (T, S):
+                raise ValueError(f"attention mask shape {mask.shape}, expected {(T, S)}")
+            hidden = ~mask
+        else:
+            qpos = n_past + np.arange(T)[:, None]        # (T, 1) query slots
+            kpos = np.arange(S)[None, :]                 # (1, S) key slots
+            hidden = (kpos > qpos) if causal else np.zeros((T, S), dtype=bool)
+            if window and window > 0:
+                hidden = hidden | (qpos - kpos >= window)
+        if hidden.any():
+            s[:, :, hidden] = -np.inf
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
         s /= s.sum(axis=-1, keepdims=True)
@@ -135,6 +154,21 @@ class NumpyBackend(Backend):
     def gelu_tanh(self, x):
         c = np.float32(np.sqrt(2.0 / np.pi))
         return 0.5 * x * (1.0 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+    def gelu(self, x):
+        xe = np.asarray(x, dtype=np.float64)
+        return (0.5 * xe * (1.0 + _erf(xe * (1.0 / np.sqrt(2.0))))).astype(np.float32)
+
+    def layer_norm(self, x, w, b, eps: float):
+        mu = np.mean(x, axis=-1, keepdims=True)
+        xc = x - mu
+        var = np.mean(np.square(xc), axis=-1, keepdims=True)
+        y = xc * (1.0 / np.sqrt(var + np.float32(eps)))
+        if w is not None:
+            y = y * w
+        if b is not None:
+            y = y + b
+        return y
 
     def mul(self, a, b):
         return a * b

@@ -43,6 +43,7 @@ class HParams:
     rope_freq_base: float  # llama.rope.freq_base
     n_ctx_train: int     # llama.context_length
     n_rot: int = 0       # llama.rope.dimension_count (default head_dim)
+    n_swa: int = 0       # llama.attention.sliding_window (Mistral-style; 0 = full attention)
     arch: str = "llama"
 
     @property
@@ -68,6 +69,8 @@ class HParams:
             bad("attention.layer_norm_rms_epsilon", f"{self.rms_eps}")
         if not (self.rope_freq_base > 0.0) or not math.isfinite(self.rope_freq_base):
             bad("rope.freq_base", f"{self.rope_freq_base}")
+        if self.n_swa < 0:
+            bad("attention.sliding_window", f"{self.n_swa}")
         if self.n_rot == 0:
             self.n_rot = self.head_dim
         if self.n_rot < 0 or self.n_rot > self.head_dim or self.n_rot % 2:
@@ -96,6 +99,7 @@ class HParams:
             rope_freq_base=_key(f, arch, "rope.freq_base", float, 10000.0),
             n_ctx_train=_key(f, arch, "context_length", int),
             n_rot=_key(f, arch, "rope.dimension_count", int, 0),
+            n_swa=_key(f, arch, "attention.sliding_window", int, 0),
             arch=arch,
         )
 
@@ -149,7 +153,7 @@ class Attention:
         self.wo = w.get(p + "attn_output.weight", (E, hp.n_head * d))
         self.scale = 1.0 / math.sqrt(d)
 
-    def __call__(self, b: Backend, x, pos, k_cache, v_cache, n_past: int):
+    def __call__(self, b: Backend, x, pos, k_cache, v_cache, n_past: int, mask=None):
         hp = self.hp
         T = x.shape[0]
         q = b.matmul(x, self.wq).reshape(T, hp.n_head, hp.head_dim)     # (T, n_head, head_dim)
@@ -159,7 +163,8 @@ class Attention:
         k = b.rope(k, pos, hp.n_rot, hp.rope_freq_base, ROPE_NORM)
         b.kv_write(k_cache, k, n_past)
         b.kv_write(v_cache, v, n_past)
-        o = b.attention(q, k_cache, v_cache, n_past, self.scale)         # (T, n_head, head_dim)
+        o = b.attention(q, k_cache, v_cache, n_past, self.scale,
+                        window=hp.n_swa, mask=mask)                     # (T, n_head, head_dim)
         return b.matmul(o.reshape(T, hp.n_head * hp.head_dim), self.wo)  # (T, n_embd)
 
 
@@ -187,9 +192,9 @@ class Block:
         self.attn = Attention(w, hp, i)
         self.ffn = FFN(w, hp, i)
 
-    def __call__(self, b: Backend, x, pos, cache: KVCache, n_past: int):
+    def __call__(self, b: Backend, x, pos, cache: KVCache, n_past: int, mask=None):
         h = b.rms_norm(x, self.attn_norm, self.hp.rms_eps)                           # (T, n_embd)
-        x = b.add(x, self.attn(b, h, pos, cache.k[self.i], cache.v[self.i], n_past))
+        x = b.add(x, self.attn(b, h, pos, cache.k[self.i], cache.v[self.i], n_past, mask))
         h = b.rms_norm(x, self.ffn_norm, self.hp.rms_eps)
         return b.add(x, self.ffn(b, h))                                               # (T, n_embd)
 
@@ -215,11 +220,15 @@ class Model:
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         return KVCache(self.backend, self.hp, n_ctx or self.hp.n_ctx_train)
 
-    def forward(self, token_ids, cache: KVCache, last_only: bool = False) -> np.ndarray:
-        """Run `token_ids` at positions cache.n .. cache.n+T-1, appending their K/V to the cache.
+    def forward(self, token_ids, cache: KVCache, last_only: bool = False, positions=None,
+                attn_mask=None, output: str = "logits") -> np.ndarray:
+        """Run `token_ids` in cache slots cache.n .. cache.n+T-1, appending their K/V to the cache.
 
-        Returns logits (T, n_vocab) as float32 numpy (only the last row, as (1, n_vocab), when
-        last_only)."""
+        positions: RoPE positions (T,), default the slot numbers; system1 scoring passes positions
+          that restart after the context for every candidate.
+        attn_mask: optional bool (T, cache.n+T), True = visible (see Backend.attention); default causal.
+        output: "logits" -> (T, n_vocab); "hidden" -> the final-normed hidden states (T, n_embd).
+        Returned as float32 numpy; only the last row (1, ...) when last_only."""
         b = self.backend
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         T = ids.shape[0]
@@ -227,17 +236,26 @@ class Model:
             raise InvalidRequest("forward() needs at least one token")
         if ids.min() < 0 or ids.max() >= self.hp.n_vocab:
             raise InvalidRequest(f"token id out of range [0, {self.hp.n_vocab})")
+        if output not in ("logits", "hidden"):
+            raise InvalidRequest(f"unknown forward output {output!r}")
         n_past = cache.n
         if n_past + T > cache.n_ctx:
             raise ContextOverflow(f"{n_past} cached + {T} new tokens exceed n_ctx {cache.n_ctx}")
-        pos = np.arange(n_past, n_past + T)                         # (T,)
+        if positions is None:
+            pos = np.arange(n_past, n_past + T)                     # (T,)
+        else:
+            pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+            if pos.shape != (T,):
+                raise InvalidRequest(f"positions has shape {pos.shape}, expected ({T},)")
         x = b.embed(self.tok_embd, ids)                             # (T, n_embd)
         for blk in self.blocks:
-            x = blk(b, x, pos, cache, n_past)
+            x = blk(b, x, pos, cache, n_past, attn_mask)
         cache.n = n_past + T
         if last_only:
             x = x[-1:]
-        x = b.rms_norm(x, self.output_norm, self.hp.rms_eps)
+        x = b.rms_norm(x, self.output_norm, self.hp.rms_eps)        # (T, n_embd)
+        if output == "hidden":
+            return b.to_numpy(x)
         return b.to_numpy(b.matmul(x, self.output))                 # (T, n_vocab)
 
 
