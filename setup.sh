@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
-"$PY" -m pip install -q --disable-pip-version-check -e '.[dev]'
+"$PY" -m pip install -q --disable-pip-version-check -e '.[dev,rag,adapter]'
 "$PY" -m reflex fetch            # default models, sha256-verified, into $REFLEX_MODELS or ~/.cache/reflex/models
 "$PY" -m reflex smoke            # main job: a real generation on the default model, with timings
