@@ -227,8 +227,9 @@ class Model:
         positions: RoPE positions (T,), default the slot numbers; system1 scoring passes positions
           that restart after the context for every candidate.
         attn_mask: optional bool (T, cache.n+T), True = visible (see Backend.attention); default causal.
-        output: "logits" -> (T, n_vocab); "hidden" -> the final-normed hidden states (T, n_embd).
-        Returned as float32 numpy; only the last row (1, ...) when last_only."""
+        output: "logits" -> (T, n_vocab); "hidden" -> the final-normed hidden states (T, n_embd);
+          "raw" -> the logits left as a backend array (a GPU backend samples on the device).
+        Returned as float32 numpy (except "raw"); only the last row (1, ...) when last_only."""
         b = self.backend
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         T = ids.shape[0]
@@ -236,7 +237,7 @@ class Model:
             raise InvalidRequest("forward() needs at least one token")
         if ids.min() < 0 or ids.max() >= self.hp.n_vocab:
             raise InvalidRequest(f"token id out of range [0, {self.hp.n_vocab})")
-        if output not in ("logits", "hidden"):
+        if output not in ("logits", "hidden", "raw"):
             raise InvalidRequest(f"unknown forward output {output!r}")
         n_past = cache.n
         if n_past + T > cache.n_ctx:
@@ -256,7 +257,8 @@ class Model:
         x = b.rms_norm(x, self.output_norm, self.hp.rms_eps)        # (T, n_embd)
         if output == "hidden":
             return b.to_numpy(x)
-        return b.to_numpy(b.matmul(x, self.output))                 # (T, n_vocab)
+        logits = b.matmul(x, self.output)                           # (T, n_vocab)
+        return logits if output == "raw" else b.to_numpy(logits)
 
 
 def load(f, backend: Backend, arch: str = "llama") -> Model:
