@@ -22,6 +22,9 @@ COMMANDS = {
     "synth": ("reflex.commands.synth", "write a random-weight model with a real model's shapes"),
     "generate": ("reflex.commands.generate", "generate text from a prompt"),
     "smoke": ("reflex.commands.smoke", "end-to-end check: one greedy chat answer with timings"),
+    "chat": ("reflex.commands.chat", "interactive multi-turn chat"),
+    "stdio": ("reflex.commands.stdio", "serve the IPC protocol (JSON lines) on stdin/stdout"),
+    "uds": ("reflex.commands.uds", "serve the IPC protocol on a Unix socket (mode 0600)"),
 }
 
 
