@@ -25,6 +25,8 @@ COMMANDS = {
     "chat": ("reflex.commands.chat", "interactive multi-turn chat"),
     "stdio": ("reflex.commands.stdio", "serve the IPC protocol (JSON lines) on stdin/stdout"),
     "uds": ("reflex.commands.uds", "serve the IPC protocol on a Unix socket (mode 0600)"),
+    "system1": ("reflex.commands.system1", "score candidate continuations of a context in one forward"),
+    "classify": ("reflex.commands.classify", "probability per label for a text"),
 }
 
 

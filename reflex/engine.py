@@ -151,6 +151,19 @@ class Engine:
         return self.generate(text, max_tokens=max_tokens, stop=stop, stream=stream,
                              parse_special=True, **sampling)
 
+    def score(self, context, candidates, normalize: bool = False, parse_special: bool = False):
+        """system1: log-probs of candidate continuations in one forward (reflex/system1.py)."""
+        from reflex.system1 import score
+
+        return score(self.model, self.tokenizer, context, candidates, normalize=normalize,
+                     n_ctx=self.n_ctx, parse_special=parse_special)
+
+    def classify(self, text, labels=None, template=None, normalize: bool = False, chat: bool = False):
+        """Probability per label via system1 or the model's classifier head (reflex/classify.py)."""
+        from reflex.classify import classify
+
+        return classify(self, text, labels, template=template, normalize=normalize, chat=chat)
+
     # ---------------------------------------------------------------- internals
     def _prepare(self, prompt, parse_special: bool) -> list:
         if isinstance(prompt, str):
