@@ -6,7 +6,7 @@ from reflex.errors import InvalidRequest
 
 __all__ = ["Backend", "ROPE_NORM", "ROPE_NEOX", "get_backend", "BACKENDS"]
 
-BACKENDS = ("numpy",)
+BACKENDS = ("numpy", "cuda")
 
 
 def get_backend(name: str = "numpy") -> Backend:
@@ -14,4 +14,8 @@ def get_backend(name: str = "numpy") -> Backend:
         from reflex.backends.numpy_backend import NumpyBackend
 
         return NumpyBackend()
+    if name in ("cuda", "gpu"):
+        from reflex.backends.cuda_backend import CudaBackend
+
+        return CudaBackend()
     raise InvalidRequest(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})")
