@@ -102,6 +102,11 @@ class Engine:
         from reflex.tokenizer import Tokenizer
 
         t0 = time.perf_counter()
+        if backend in ("cuda", "gpu"):
+            # CUDA context creation runs on a thread (driver calls release the GIL) while the file
+            # is mapped and the tokenizer built; load_model waits for it
+            from reflex.backends import cuda_driver
+            cuda_driver.start()
         self.path = resolve(model)
         self.gguf = GGUFFile(self.path)
         t1 = time.perf_counter()
@@ -221,14 +226,23 @@ class Engine:
         out_ids: list = []
         text_parts: list = []
         finish = "length"
+        # greedy on a device backend: argmax on the device, only token ids cross (CUDA-graph decode)
+        device = None
+        if (sampler.greedy and sampler.repeat_penalty == 1.0
+                and getattr(model.backend, "device_sampling", False)):
+            from reflex.backends.cuda_backend import GreedyDecoder
+            device = GreedyDecoder(model.backend, model, cache)
         t0 = time.perf_counter()
-        logits = model.forward(ids, cache, last_only=True)[-1]
+        if device is not None:
+            dev_next = device.prefill(ids)
+        else:
+            logits = model.forward(ids, cache, last_only=True)[-1]
         t1 = time.perf_counter()
         first_token_s = None
         t_dec0 = t1
         n_decoded = 0  # forward passes after prefill
         while True:
-            nxt = sampler.sample(logits, history)
+            nxt = dev_next if device is not None else sampler.sample(logits, history)
             if first_token_s is None:
                 first_token_s = time.perf_counter() - t0
             if nxt in eog:
@@ -245,7 +259,10 @@ class Engine:
                 break
             if len(out_ids) >= max_new:
                 break
-            logits = model.forward([nxt], cache, last_only=True)[-1]
+            if device is not None:
+                dev_next = device.step(nxt)
+            else:
+                logits = model.forward([nxt], cache, last_only=True)[-1]
             n_decoded += 1
         t2 = time.perf_counter()
         if not sm.hit:
@@ -266,6 +283,8 @@ class Engine:
             "decode_tok_s": round(n_decoded / decode_s, 3) if n_decoded and decode_s > 0 else None,
             "first_token_s": round(first_token_s, 6) if first_token_s is not None else None,
         }
+        if device is not None and device.capture_s is not None:
+            timings["graph_capture_s"] = round(device.capture_s, 6)  # inside the first decode step
         return GenerationResult(
             text="".join(text_parts), tokens=out_ids, finish_reason=finish,
             usage={"prompt_tokens": len(ids), "completion_tokens": n_gen,
