@@ -20,6 +20,7 @@ def add_arguments(p):
     p.add_argument("--ctx", type=int, default=None, help="context size (default min(model, 4096))")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--backend", default="numpy", help="compute backend: numpy (default) or cuda")
 
 
 def format_timings(t: dict, usage: dict) -> str:
@@ -33,9 +34,13 @@ def format_timings(t: dict, usage: dict) -> str:
 
 
 def run(args) -> int:
+    if args.backend in ("cuda", "gpu"):
+        # before numpy and the engine are imported: context creation overlaps all of that
+        from reflex.backends import cuda_driver
+        cuda_driver.start()
     from reflex.engine import Engine
 
-    eng = Engine(args.model, n_ctx=args.ctx)
+    eng = Engine(args.model, n_ctx=args.ctx, backend=args.backend)
     kw = dict(max_tokens=args.max_tokens, stop=args.stop, temperature=args.temperature,
               top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
               repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)

@@ -12,6 +12,7 @@ QUESTION = "What is the capital of France?"
 def add_arguments(p):
     p.add_argument("-m", "--model", default="smollm2", help="model (default smollm2)")
     p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--backend", default="numpy", help="compute backend: numpy (default) or cuda")
 
 
 def run(args) -> int:
@@ -19,7 +20,7 @@ def run(args) -> int:
     from reflex.engine import Engine
     from reflex.errors import ReflexError
 
-    eng = Engine(args.model)
+    eng = Engine(args.model, backend=args.backend)
     res = eng.chat([{"role": "user", "content": QUESTION}], max_tokens=args.max_tokens, temperature=0)
     ok = res.usage["completion_tokens"] >= 1 and res.text.strip() != ""
     if args.json:
