@@ -117,3 +117,124 @@ def synthesize(real_path, out_path, type_name: str | None = None, seed: int = 0,
         writer.write_tensors_to_file()
         writer.close()
     return {"tensors": counts, "fallbacks": fallbacks[0], "block_count": block_count}
+
+
+# ---- presets: a real model's shapes without the real file (device benchmarks, GPU tests) -------
+# Each preset gives the {arch}.* hyperparameters and a function (layer, tensor) -> ggml type name
+# mirroring the real file's quant mix. The tokenizer (and vocab size) come from a vocab-only GGUF.
+
+def _smollm2_type(i, t):
+    return "Q8_0" if t == "token_embd" else "Q4_1"
+
+
+def _gemma3_type(i, t):
+    return {"token_embd": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_down": "Q6_K"}.get(t, "Q5_0")
+
+
+def _qwen3_q4_k_m_type(n_layer):
+    # llama.cpp's Q4_K_M: Q6_K for attn_v / ffn_down in the first and last eighth of the layers and
+    # every third one between; Q6_K for the (tied) embedding/output; Q4_K elsewhere
+    def f(i, t):
+        if t == "token_embd":
+            return "Q6_K"
+        if t in ("attn_v", "ffn_down") and (i < n_layer // 8 or i >= 7 * n_layer // 8
+                                            or (i - n_layer // 8) % 3 == 2):
+            return "Q6_K"
+        return "Q4_K"
+    return f
+
+
+PRESETS = {
+    # SmolLM2-135M (llama): 30 layers, Q4_1 with a Q8_0 embedding, tied output
+    "smollm2-135m": dict(arch="llama", hp=dict(embedding_length=576, block_count=30, feed_forward_length=1536,
+                         **{"attention.head_count": 9, "attention.head_count_kv": 3, "rope.freq_base": 100000.0,
+                            "attention.layer_norm_rms_epsilon": 1e-5, "rope.dimension_count": 64},
+                         context_length=8192), types=_smollm2_type),
+    # Qwen3-0.6B (qwen3): head_dim 128 (q is 2048 wide), q/k norms, Q4_K_M-like mix
+    "qwen3-0.6b": dict(arch="qwen3", hp=dict(embedding_length=1024, block_count=28, feed_forward_length=3072,
+                       **{"attention.head_count": 16, "attention.head_count_kv": 8, "rope.freq_base": 1000000.0,
+                          "attention.layer_norm_rms_epsilon": 1e-6, "attention.key_length": 128,
+                          "attention.value_length": 128}, context_length=40960),
+                       types=_qwen3_q4_k_m_type(28)),
+    # Gemma-3-270M (gemma3): 18 layers, head_dim 256, 1 kv head, sliding window 512, real file's mix
+    "gemma3-270m": dict(arch="gemma3", hp=dict(embedding_length=640, block_count=18, feed_forward_length=2048,
+                        **{"attention.head_count": 4, "attention.head_count_kv": 1, "rope.freq_base": 1000000.0,
+                           "attention.layer_norm_rms_epsilon": 1e-6, "attention.key_length": 256,
+                           "attention.value_length": 256, "attention.sliding_window": 512},
+                        context_length=32768), types=_gemma3_type),
+}
+
+
+def preset_tensors(arch: str, hp: dict, n_vocab: int, types) -> list:
+    """[(name, shape in numpy order, type name)] of a decoder with these hyperparameters."""
+    E, F, L = hp["embedding_length"], hp["feed_forward_length"], hp["block_count"]
+    H, Hkv = hp["attention.head_count"], hp["attention.head_count_kv"]
+    d = hp.get("attention.key_length", E // H)
+    out = [("token_embd.weight", (n_vocab, E), types(-1, "token_embd"))]
+    for i in range(L):
+        p = f"blk.{i}."
+        ts = [("attn_norm", (E,)), ("attn_q", (H * d, E)), ("attn_k", (Hkv * d, E)), ("attn_v", (Hkv * d, E)),
+              ("attn_output", (E, H * d)), ("ffn_norm", (E,)), ("ffn_gate", (F, E)), ("ffn_up", (F, E)),
+              ("ffn_down", (E, F))]
+        if arch in ("qwen3", "gemma3"):
+            ts += [("attn_q_norm", (d,)), ("attn_k_norm", (d,))]
+        if arch == "gemma3":
+            ts += [("post_attention_norm", (E,)), ("post_ffw_norm", (E,))]
+        for t, shape in ts:
+            out.append((p + t + ".weight", shape, "F32" if len(shape) == 1 else types(i, t)))
+    out.append(("output_norm.weight", (E,), "F32"))
+    return out
+
+
+def synthesize_preset(vocab_path, out_path, preset: str, seed: int = 0, layers: int | None = None,
+                      type_name: str | None = None, overrides: dict | None = None, log=None) -> dict:
+    """Write a random-weight model of a PRESETS shape; metadata and tokenizer from VOCAB_PATH (any
+    GGUF, e.g. one written with --vocab-only). `overrides` replace hyperparameters (tiny test
+    models); `type_name` forces one type for every 2-D weight."""
+    import gguf
+    from reflex.commands.quantize import _copy_metadata
+    from reflex.gguf import GGUFFile
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    pr = PRESETS[preset]
+    arch, hp = pr["arch"], dict(pr["hp"])
+    hp.update(overrides or {})
+    if layers is not None:
+        if layers < 1:
+            raise ValueError("--layers must be >= 1")
+        hp["block_count"] = min(layers, hp["block_count"])
+    with GGUFFile(vocab_path) as src:
+        toks = src.get("tokenizer.ggml.tokens", None)
+        if toks is None:
+            raise ValueError(f"{vocab_path} has no tokenizer.ggml.tokens")
+        n_vocab = len(toks)
+        meta = {k: v for k, v in src.metadata.items() if not k.startswith(src.arch + ".")}
+        mtypes = dict(src.metadata_types)
+        meta["general.architecture"] = arch
+        for k, v in hp.items():
+            meta[f"{arch}.{k}"] = v
+        meta[f"{arch}.vocab_size"] = n_vocab
+        for k, v in list(meta.items()):
+            if k.startswith(arch + ".") and k not in mtypes:
+                mtypes[k] = 6 if isinstance(v, float) else 4  # GGUFValueType FLOAT32 / UINT32
+        view = types.SimpleNamespace(metadata=meta, metadata_types=mtypes)
+        writer = gguf.GGUFWriter(str(out_path), arch)
+        _copy_metadata(view, writer, gguf)
+    counts: dict[str, int] = {}
+    forced = type_name
+    for name, shape, tname in preset_tensors(arch, hp, n_vocab, pr["types"]):
+        x = random_tensor(name, shape, seed)
+        if len(shape) > 1 and forced:
+            tname = forced
+        t = type_by_name(tname)
+        raw = quantize(x, t).reshape(*shape[:-1], -1)
+        writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType(t))
+        counts[tname] = counts.get(tname, 0) + 1
+        if log:
+            log(f"{name}: {tname} {shape}")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {"tensors": counts, "fallbacks": 0, "block_count": hp["block_count"], "arch": arch}

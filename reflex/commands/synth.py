@@ -16,6 +16,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--layers", type=int, default=None, help="keep only blk.0..N-1")
     parser.add_argument("--vocab-only", action="store_true", help="metadata only, no tensors")
+    parser.add_argument("--preset", default=None,
+                        help="shapes of a known model (smollm2-135m, qwen3-0.6b, gemma3-270m) instead of "
+                             "INPUT's tensors; INPUT then only gives metadata and tokenizer (a vocab-only file)")
 
 
 def run(args) -> int:
@@ -29,8 +32,16 @@ def run(args) -> int:
     if args.layers is not None and args.layers < 1:
         raise InvalidRequest("--layers must be >= 1")
     t0 = time.perf_counter()
-    res = synthesize(args.input, args.output, type_name=args.type, seed=args.seed, layers=args.layers,
-                     vocab_only=args.vocab_only)
+    if args.preset:
+        from reflex.synth import PRESETS, synthesize_preset
+
+        if args.preset not in PRESETS:
+            raise InvalidRequest(f"unknown preset {args.preset!r}; known: {', '.join(PRESETS)}")
+        res = synthesize_preset(args.input, args.output, args.preset, seed=args.seed, layers=args.layers,
+                                type_name=args.type)
+    else:
+        res = synthesize(args.input, args.output, type_name=args.type, seed=args.seed, layers=args.layers,
+                         vocab_only=args.vocab_only)
     dt = time.perf_counter() - t0
     if getattr(args, "json", False):
         import json

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: build the kernels, run every GPU test, make the benchmark models, benchmark.
+# Usage (device): bash benchmarks/device_run.sh [tests|bench|all]   logs go to $OUT (or /tmp/out)
+# Needs .whl/gguf-*.whl (the writer for synthetic models) and .devdata/smollm2-vocab.gguf
+# (`reflex synth SmolLM2.gguf .devdata/smollm2-vocab.gguf --vocab-only`) carried along.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+WHAT=${1:-all}
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD
+export REFLEX_VOCAB_GGUF=$PWD/.devdata/smollm2-vocab.gguf REFLEX_PARITY_REPORT=$OUT/parity.jsonl
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,power.draw --format=csv | tee $OUT/gpu.txt
+( time python3 kernels/build.py ) 2>&1 | tee $OUT/build.txt
+if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
+  timeout 420 python3 -m pytest -q -x tests/test_cuda_build.py tests/test_cuda_kernels.py 2>&1 | tail -40 > $OUT/test_kernels.txt
+  tail -5 $OUT/test_kernels.txt
+  timeout 420 python3 -m pytest -q -s tests/test_cuda_model.py 2>&1 | tail -60 > $OUT/test_model.txt
+  tail -8 $OUT/test_model.txt
+fi
+if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
+  mkdir -p /tmp/models
+  python3 -m reflex synth .devdata/smollm2-vocab.gguf /tmp/models/smollm2-135m-q4_1-synth.gguf --preset smollm2-135m
+  M="/tmp/models/smollm2-135m-q4_1-synth.gguf"
+  if [ -f reflex/models/qwen3.py ]; then
+    python3 -m reflex synth .devdata/smollm2-vocab.gguf /tmp/models/qwen3-0.6b-q4_k_m-synth.gguf --preset qwen3-0.6b
+    M="$M /tmp/models/qwen3-0.6b-q4_k_m-synth.gguf"
+  fi
+  timeout 400 python3 benchmarks/bench_cuda.py $M --runs ${RUNS:-7} ${DROP:+--drop-caches} --json $OUT/bench.json 2> $OUT/bench_log.txt
+  tail -30 $OUT/bench_log.txt
+fi

@@ -1,0 +1,61 @@
+// matvec.cu -- decode-time matrix-vector products straight from the GGUF block format.
+//
+// rx_matvec_<type>(w, x, y, n_out, n_in): y[t, r] = sum_k W[r, k] * x[t, k] for the t = blockIdx.y
+//   row of x (T small: decode is T = 1). W is (n_out, n_in) stored as n_out rows of n_in/QK blocks
+//   (quant.cuh); it is never dequantized to memory. Launch: grid (ceil(n_out / 4), T), 128 threads
+//   = 4 warps, one warp per output row; lane l takes the 8-element chunks l, l+32, ... of the row
+//   (consecutive lanes read consecutive bytes), dequantizes them in registers and the warp sums.
+//   Requires n_in % 8 == 0 (every GGUF block size is a multiple of 8 except the float types, and
+//   their rows are checked on the host).
+// rx_matvec2_<type>: the same for two weights sharing x (gate and up of a SwiGLU/GeGLU), writing
+//   y0 and y1 in one launch: grid (ceil(n_out / 4), T, 2).
+#include "quant.cuh"
+
+template <int T>
+__device__ __forceinline__ float dot_row(const uint8_t* row, const float* x, int n_in) {
+    int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    int n_chunks = n_in >> 3;
+    for (int c = lane; c < n_chunks; c += 32) {
+        int k0 = c << 3;
+        const float4* xv = reinterpret_cast<const float4*>(x + k0);
+        float4 a = xv[0], b = xv[1];
+        const uint8_t* blk = row + (k0 / Q<T>::QK) * Q<T>::TS;
+        int j = k0 % Q<T>::QK;
+        if (Q<T>::QK == 1) {
+            // float types: 8 consecutive "blocks"
+            acc += Q<T>::dq(blk, 0) * a.x + Q<T>::dq(blk + Q<T>::TS, 0) * a.y +
+                   Q<T>::dq(blk + 2 * Q<T>::TS, 0) * a.z + Q<T>::dq(blk + 3 * Q<T>::TS, 0) * a.w +
+                   Q<T>::dq(blk + 4 * Q<T>::TS, 0) * b.x + Q<T>::dq(blk + 5 * Q<T>::TS, 0) * b.y +
+                   Q<T>::dq(blk + 6 * Q<T>::TS, 0) * b.z + Q<T>::dq(blk + 7 * Q<T>::TS, 0) * b.w;
+        } else {
+            acc += Q<T>::dq(blk, j) * a.x + Q<T>::dq(blk, j + 1) * a.y + Q<T>::dq(blk, j + 2) * a.z +
+                   Q<T>::dq(blk, j + 3) * a.w + Q<T>::dq(blk, j + 4) * b.x + Q<T>::dq(blk, j + 5) * b.y +
+                   Q<T>::dq(blk, j + 6) * b.z + Q<T>::dq(blk, j + 7) * b.w;
+        }
+    }
+    return rx_warp_sum(acc);
+}
+
+template <int T>
+__device__ void matvec_impl(const uint8_t* w, const float* x, float* y, int n_out, int n_in) {
+    int r = blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    long row_bytes = (long)n_in / Q<T>::QK * Q<T>::TS;
+    int t = blockIdx.y;
+    float s = dot_row<T>(w + r * row_bytes, x + (long)t * n_in, n_in);
+    if ((threadIdx.x & 31) == 0) y[(long)t * n_out + r] = s;
+}
+
+#define RX_MV(T, name)                                                                          \
+    RX_EXTERN void __launch_bounds__(128) rx_matvec_##name(const uint8_t* w, const float* x,   \
+                                                          float* y, int n_out, int n_in) {     \
+        matvec_impl<T>(w, x, y, n_out, n_in);                                                   \
+    }                                                                                           \
+    RX_EXTERN void __launch_bounds__(128) rx_matvec2_##name(const uint8_t* w0, const uint8_t* w1, \
+                                                           const float* x, float* y0, float* y1, \
+                                                           int n_out, int n_in) {               \
+        if (blockIdx.z == 0) matvec_impl<T>(w0, x, y0, n_out, n_in);                            \
+        else matvec_impl<T>(w1, x, y1, n_out, n_in);                                            \
+    }
+RX_FOR_EACH_TYPE(RX_MV)

@@ -1,0 +1,232 @@
+"""Every CUDA kernel against a CPU reference, on fresh random inputs.
+
+References: dequantization is checked bit for bit against the `gguf` package's
+`gguf.quants.dequantize` (independent of Reflex) and against reflex.quants; products, norms, RoPE,
+attention and activations against the NumPy backend (float32) with the float64 result where it
+matters, as relative error ||gpu - ref|| / ||ref|| <= 1e-3 (products) or tighter.
+Skipped cleanly where there is no CUDA GPU or the kernels are not built (CI has no GPU).
+"""
+import math
+import os
+
+import numpy as np
+import pytest
+
+from reflex.backends import cuda_driver
+
+pytestmark = pytest.mark.skipif(
+    not (os.path.exists(cuda_driver.default_fatbin()) and cuda_driver.available()),
+    reason="no CUDA GPU or kernels not built")
+
+TYPES = {"F32": 0, "F16": 1, "BF16": 30, "Q8_0": 8, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7,
+         "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+# byte offsets of the fp16 scale fields in one block (random bytes there could be inf/NaN)
+F16_FIELDS = {8: [0], 2: [0], 3: [0, 2], 6: [0], 7: [0, 2], 10: [80, 82], 11: [108], 12: [0, 2], 13: [0, 2],
+              14: [208]}
+
+
+@pytest.fixture(scope="module")
+def gb():
+    from reflex.backends.cuda_backend import CudaBackend
+    return CudaBackend()
+
+
+@pytest.fixture(scope="module")
+def nb():
+    from reflex.backends.numpy_backend import NumpyBackend
+    return NumpyBackend()
+
+
+def rel(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    assert np.all(np.isfinite(a)), "non-finite output"
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def random_tensor_bytes(t: int, n_rows: int, n_cols: int, rng) -> np.ndarray:
+    """Valid raw GGUF bytes for a (n_rows, n_cols) tensor of type t: random blocks whose fp16
+    scale fields hold finite values (all bit patterns of the quant fields are legal)."""
+    from reflex.quants import QUANTS
+    q = QUANTS[t]
+    if t in (0, 1, 30):
+        x = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
+        if t == 0:
+            return x.view(np.uint8).reshape(-1)
+        if t == 1:
+            return x.astype(np.float16).view(np.uint8).reshape(-1)
+        return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(-1)
+    nb = n_rows * n_cols // q.block_size
+    blocks = rng.integers(0, 256, size=(nb, q.type_size), dtype=np.uint8)
+    for off in F16_FIELDS[t]:
+        v = (rng.uniform(0.5, 1.5, nb) * rng.choice([-1, 1], nb) * 0.01).astype(np.float16)
+        blocks[:, off:off + 2] = v.view(np.uint8).reshape(nb, 2)
+    return blocks.reshape(-1)
+
+
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_dequant_bit_exact(gb, tname):
+    from reflex.quants import dequantize
+    t = TYPES[tname]
+    rng = np.random.default_rng([7, t])
+    n_rows, n_cols = 24, 512
+    raw = random_tensor_bytes(t, n_rows, n_cols, rng)
+    w = gb.prepare_weight(raw, t, (n_rows, n_cols))
+    got = gb.to_numpy(w)
+    ref = dequantize(raw, t, (n_rows, n_cols))
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+    try:
+        import gguf
+        from gguf.quants import dequantize as gdq
+    except ImportError:
+        gguf = None
+    if gguf is not None:
+        gref = np.asarray(gdq(raw.reshape(n_rows, -1), gguf.GGMLQuantizationType(t)), np.float32)
+        assert np.array_equal(got.view(np.uint32), gref.reshape(n_rows, n_cols).view(np.uint32))
+    # embedding rows gathered from the quantized table (ids repeat and run backwards)
+    ids = np.array([5, 0, 23, 5, 11], np.int64)
+    rows = gb.to_numpy(gb.embed(w, ids))
+    assert np.array_equal(rows.view(np.uint32), ref[ids].view(np.uint32))
+
+
+@pytest.mark.parametrize("tname", list(TYPES))
+@pytest.mark.parametrize("T", [1, 3, 37])
+def test_matmul(gb, tname, T):
+    """T <= 8: blocks read directly (matvec); T = 37: dequantized scratch + tiled GEMM."""
+    from reflex.quants import dequantize
+    t = TYPES[tname]
+    rng = np.random.default_rng([11, t, T])
+    n_out, n_in = 200, 768 if t not in (10, 11, 12, 13, 14) else 1024
+    raw = random_tensor_bytes(t, n_out, n_in, rng)
+    w = gb.prepare_weight(raw, t, (n_out, n_in))
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    got = gb.to_numpy(gb.matmul(gb.upload(x), w))
+    ref = x.astype(np.float64) @ dequantize(raw, t, (n_out, n_in)).astype(np.float64).T
+    assert got.shape == (T, n_out)
+    assert rel(got, ref) <= 1e-5
+
+
+def test_matmul2_gate_up(gb):
+    from reflex.quants import dequantize
+    rng = np.random.default_rng(3)
+    raws = [random_tensor_bytes(3, 1536, 576, rng) for _ in range(2)]
+    ws = [gb.prepare_weight(r, 3, (1536, 576)) for r in raws]
+    x = rng.standard_normal((1, 576)).astype(np.float32)
+    y0, y1 = gb.matmul2(gb.upload(x), *ws)
+    for y, r in zip((y0, y1), raws):
+        assert rel(gb.to_numpy(y), x.astype(np.float64) @ dequantize(r, 3, (1536, 576)).T) <= 1e-5
+
+
+def test_norms(gb, nb):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((7, 3, 640)).astype(np.float32) * 3
+    r = rng.standard_normal((7, 3, 640)).astype(np.float32)
+    w = rng.standard_normal(640).astype(np.float32)
+    b = rng.standard_normal(640).astype(np.float32)
+    gx, gw = gb.upload(x), gb.upload(w)
+    assert rel(gb.to_numpy(gb.rms_norm(gx, gw, 1e-6)), nb.rms_norm(x, w, 1e-6)) <= 1e-6
+    assert rel(gb.to_numpy(gb.rms_norm(gx, None, 1e-6)), nb.rms_norm(x, None, 1e-6)) <= 1e-6
+    s, y = gb.add_rms_norm(gx, gb.upload(r), gw, 1e-5)
+    assert rel(gb.to_numpy(s), x + r) <= 1e-7
+    assert rel(gb.to_numpy(y), nb.rms_norm(x + r, w, 1e-5)) <= 1e-6
+    ln = gb.layer_norm(gx, gw, gb.upload(b), 1e-12)
+    assert rel(gb.to_numpy(ln), nb.layer_norm(x, w, b, 1e-12)) <= 1e-6
+    assert rel(gb.to_numpy(gb.layer_norm(gx, None, None, 1e-5)), nb.layer_norm(x, None, None, 1e-5)) <= 1e-6
+
+
+@pytest.mark.parametrize("mode", [0, 2])
+@pytest.mark.parametrize("head_dim,n_rot", [(64, 64), (128, 128), (256, 256), (64, 32)])
+def test_rope(gb, nb, mode, head_dim, n_rot):
+    rng = np.random.default_rng([head_dim, n_rot, mode])
+    x = rng.standard_normal((9, 5, head_dim)).astype(np.float32)
+    pos = np.array([0, 1, 2, 100, 7, 4095, 30000, 3, 3])
+    got = gb.to_numpy(gb.rope(gb.upload(x), pos, n_rot, 1e6 if head_dim > 64 else 1e4, mode))
+    ref = nb.rope(x, pos, n_rot, 1e6 if head_dim > 64 else 1e4, mode)
+    assert np.max(np.abs(got - ref)) <= 1e-5 * max(1.0, np.abs(ref).max())
+
+
+def _attn_case(gb, nb, rng, T, n_past, n_head, n_kv, d, n_ctx, **kw):
+    k_all = rng.standard_normal((n_ctx, n_kv, d)).astype(np.float32)
+    v_all = rng.standard_normal((n_ctx, n_kv, d)).astype(np.float32)
+    q = rng.standard_normal((T, n_head, d)).astype(np.float32)
+    kc, vc = gb.zeros((n_ctx, n_kv, d)), gb.zeros((n_ctx, n_kv, d))
+    S = n_past + T
+    gb.kv_write(kc, gb.upload(k_all[:S]), 0)
+    gb.kv_write(vc, gb.upload(v_all[:S]), 0)
+    # the reference sees the same f16-rounded cache the kernel reads
+    k16 = k_all.astype(np.float16).astype(np.float32)
+    v16 = v_all.astype(np.float16).astype(np.float32)
+    assert np.array_equal(gb.to_numpy(kc)[:S], k16[:S])
+    scale = 1.0 / math.sqrt(d)
+    got = gb.to_numpy(gb.attention(gb.upload(q), kc, vc, n_past, scale, **kw))
+    ref = nb.attention(q, k16, v16, n_past, scale, **kw)
+    return got, ref
+
+
+@pytest.mark.parametrize("T,n_past,n_head,n_kv,d,kw", [
+    (1, 0, 9, 3, 64, {}),                           # first decode step
+    (1, 1000, 9, 3, 64, {}),                        # decode split over the KV length (4 splits)
+    (1, 3000, 16, 8, 128, {}),                      # qwen3-shaped
+    (1, 700, 4, 1, 256, {"window": 512}),           # gemma3 sliding window, d = 256
+    (77, 0, 9, 3, 64, {}),                          # prefill, causal, GQA
+    (40, 30, 4, 1, 256, {"window": 16}),            # prefill after a prefix, sliding window
+    (20, 5, 4, 4, 64, {"causal": False}),           # bert-style full attention
+])
+def test_attention(gb, nb, T, n_past, n_head, n_kv, d, kw):
+    rng = np.random.default_rng([T, n_past, d])
+    got, ref = _attn_case(gb, nb, rng, T, n_past, n_head, n_kv, d, n_past + T + 5, **kw)
+    assert rel(got, ref) <= 1e-4
+
+
+def test_attention_mask(gb, nb):
+    rng = np.random.default_rng(9)
+    T, n_past = 6, 10
+    mask = rng.random((T, n_past + T)) < 0.6
+    mask[:, 0] = True  # every query sees at least one key
+    got, ref = _attn_case(gb, nb, rng, T, n_past, 8, 2, 64, 32, mask=mask)
+    assert rel(got, ref) <= 1e-4
+
+
+def test_activations_and_arithmetic(gb, nb):
+    rng = np.random.default_rng(13)
+    x = (rng.standard_normal((5, 1000)) * 4).astype(np.float32)
+    y = rng.standard_normal((5, 1000)).astype(np.float32)
+    v = rng.standard_normal(1000).astype(np.float32)
+    gx, gy, gv = gb.upload(x), gb.upload(y), gb.upload(v)
+    assert rel(gb.to_numpy(gb.silu(gx)), nb.silu(x)) <= 1e-6
+    assert rel(gb.to_numpy(gb.gelu_tanh(gx)), nb.gelu_tanh(x)) <= 1e-6
+    assert rel(gb.to_numpy(gb.gelu(gx)), nb.gelu(x)) <= 1e-6
+    assert rel(gb.to_numpy(gb.swiglu(gx, gy)), nb.swiglu(x, y)) <= 1e-6
+    assert rel(gb.to_numpy(gb.geglu(gx, gy)), nb.gelu_tanh(x) * y) <= 1e-6
+    assert np.array_equal(gb.to_numpy(gb.add(gx, gy)), x + y)
+    assert np.array_equal(gb.to_numpy(gb.mul(gx, gy)), x * y)
+    assert np.array_equal(gb.to_numpy(gb.add(gx, gv)), x + v)      # bias broadcast
+    assert np.array_equal(gb.to_numpy(gb.mul(gv, gx)), v * x)
+    assert np.array_equal(gb.to_numpy(gb.mul(gx, np.float32(25.3))), x * np.float32(25.3))
+
+
+def test_argmax_and_views(gb):
+    rng = np.random.default_rng(17)
+    for n in (49152, 151936, 7):
+        x = rng.standard_normal((3, n)).astype(np.float32)
+        x[2, n // 3] = x[2, n - 1] = 50.0  # a tie: the first index wins, as numpy.argmax
+        assert gb.argmax_id(gb.upload(x)) == int(np.argmax(x[2]))
+    g = gb.upload(x)
+    assert np.array_equal(gb.to_numpy(g[-1:]), x[-1:])
+    assert np.array_equal(gb.to_numpy(g[1]), x[1])
+    assert np.array_equal(gb.to_numpy(g.reshape(-1)), x.reshape(-1))
+
+
+def test_bad_input_is_categorized(gb):
+    from reflex.errors import InvalidRequest, ModelFormatError
+    with pytest.raises(ModelFormatError):
+        gb.prepare_weight(np.zeros(10, np.uint8), 12, (4, 256))       # too few bytes
+    with pytest.raises(ModelFormatError):
+        gb.prepare_weight(np.zeros(1000, np.uint8), 12, (2, 100))     # row not a multiple of 256
+    with pytest.raises(ModelFormatError):
+        gb.prepare_weight(np.zeros(1000, np.uint8), 99, (2, 100))     # unknown type
+    w = gb.prepare_weight(random_tensor_bytes(8, 4, 64, np.random.default_rng(0)), 8, (4, 64))
+    with pytest.raises(InvalidRequest):
+        gb.matmul(gb.upload(np.zeros((1, 32), np.float32)), w)
+    with pytest.raises(InvalidRequest):
+        gb.add(gb.upload(np.zeros((2, 6), np.float32)), gb.upload(np.zeros(4, np.float32)))
