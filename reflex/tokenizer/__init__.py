@@ -1,4 +1,4 @@
-"""Tokenizers built from GGUF metadata: byte-level BPE (gpt2) and SentencePiece BPE (llama)."""
+"""Tokenizers built from GGUF metadata: byte-level BPE (gpt2), SentencePiece BPE (llama), WordPiece (bert)."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -43,6 +43,10 @@ class Tokenizer:
             from .spm import SPMTokenizer
 
             return SPMTokenizer(md)
+        if model == "bert":
+            from .wordpiece import WordPieceTokenizer
+
+            return WordPieceTokenizer(md)
         raise ValueError(f"unsupported tokenizer.ggml.model {model!r}")
 
     @staticmethod
