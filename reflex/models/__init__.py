@@ -13,6 +13,7 @@ from reflex.errors import ModelFormatError, UnsupportedArchitecture
 # architecture string -> module under reflex.models
 ARCHITECTURES = {
     "llama": "llama",
+    "bert": "bert",
 }
 # other spellings of the same architecture
 ALIASES = {
