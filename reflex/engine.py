@@ -169,6 +169,14 @@ class Engine:
 
         return classify(self, text, labels, template=template, normalize=normalize, chat=chat)
 
+    def embed(self, texts, normalize: bool = True, truncate: bool = False):
+        """Embeddings (reflex/embed.py): (N, n_embd) float32 for a list, (n_embd,) for one string."""
+        from reflex.embed import embed
+
+        v, _ = embed(self.model, self.tokenizer, texts, normalize=normalize, truncate=truncate,
+                     n_ctx=self.n_ctx)
+        return v[0] if isinstance(texts, str) else v
+
     # ---------------------------------------------------------------- internals
     def _prepare(self, prompt, parse_special: bool) -> list:
         if isinstance(prompt, str):
