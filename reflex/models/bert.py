@@ -179,6 +179,8 @@ class Block:
 
 
 class Model:
+    supports_packing = True  # forward(..., seq_lens=) packs sequences (reflex/embed.py)
+
     def __init__(self, f, backend: Backend, hp: HParams):
         self.backend = backend
         self.hp = hp
@@ -220,7 +222,7 @@ class Model:
         return KVCache(self.backend, self.hp, n_ctx or self.hp.n_ctx_train)
 
     def forward(self, token_ids, cache: KVCache | None = None, last_only: bool = False, positions=None,
-                attn_mask=None, output: str = "hidden", token_types=None, seq_lens=None) -> np.ndarray:
+                attn_mask=None, output: str = "logits", token_types=None, seq_lens=None) -> np.ndarray:
         """Encode `token_ids` (T,) in one pass; every call is independent (cache may be None).
 
         positions: absolute positions (T,), default 0..T-1 (packed sequences restart at 0 each).
@@ -228,7 +230,9 @@ class Model:
         seq_lens: packed sequence lengths summing to T: attention stays inside each (the
           block-diagonal mask, without building it); positions default to restart per sequence.
         token_types: segment ids (T,), default 0.
-        output: "hidden" -> final hidden states (T, n_embd) as float32 numpy; "raw" -> backend array.
+        output: "hidden" -> final hidden states (T, n_embd) as float32 numpy; "raw" -> backend array;
+          "logits" (the decoders' default) is an InvalidRequest: bert has no LM head, so a generate()
+          on an embedding model fails clearly instead of sampling from hidden states.
         """
         b, hp = self.backend, self.hp
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)

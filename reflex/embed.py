@@ -1,0 +1,194 @@
+"""Text embeddings and GGUF classifier heads on any model with hidden-state output.
+
+    vecs, info = embed(model, tokenizer, ["first text", "second"], normalize=True, truncate=False)
+    probs = classify_head(engine, "some text")          # {label: probability}
+
+Pooling follows `{arch}.pooling_type` (NONE 0, MEAN 1, CLS 2, LAST 3, RANK 4):
+  MEAN -- average of every token's final hidden state ([CLS]/[SEP] or BOS/EOS included, as
+          sentence-transformers and llama.cpp do); CLS -- the first token; LAST -- the last token
+          (decoder embedders such as Qwen3-Embedding, whose tokenizer appends an EOS);
+  NONE -- per-token vectors (a list of (T_i, n_embd) arrays); RANK -- the classifier head, see
+          classify_head().
+Vectors are L2-normalized unless normalize=False.
+
+Throughput: a bidirectional encoder (bert) gets several sequences packed into one forward (sorted
+by length, up to PACK_TOKENS tokens): one big matmul per weight instead of one per text, with
+attention kept inside each sequence (the block-diagonal mask, computed block by block). Causal
+decoders run one sequence per forward.
+
+Inputs longer than the model's context raise ContextOverflow unless truncate=True, which keeps the
+first tokens and the closing special token (as HF tokenizers truncate). Empty input is an
+InvalidRequest; nothing is computed for a request that fails validation.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from reflex.errors import ContextOverflow, InvalidRequest
+
+POOLING_NONE, POOLING_MEAN, POOLING_CLS, POOLING_LAST, POOLING_RANK = 0, 1, 2, 3, 4
+POOLING_NAMES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+PACK_TOKENS = 4096  # tokens per packed forward: big enough for BLAS, small enough for the cache
+
+
+def pooling_of(model, pooling=None) -> int:
+    """The pooling to use: an explicit name/number, else the model's `{arch}.pooling_type`."""
+    if pooling is None:
+        p = getattr(model.hp, "pooling_type", None)
+        if p is None:
+            p = getattr(model, "pooling_type", None)
+        if p is None:
+            raise InvalidRequest(f"model ({model.arch}) declares no {model.arch}.pooling_type; "
+                                 f"it is not an embedding model (pass pooling= to force one)")
+        return int(p)
+    if isinstance(pooling, str):
+        if pooling.lower() not in POOLING_NAMES:
+            raise InvalidRequest(f"unknown pooling {pooling!r} (none, mean, cls, last, rank)")
+        return POOLING_NAMES[pooling.lower()]
+    if isinstance(pooling, bool) or pooling not in POOLING_NAMES.values():
+        raise InvalidRequest(f"unknown pooling {pooling!r}")
+    return int(pooling)
+
+
+def _texts(texts) -> list:
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, (list, tuple)) or not texts:
+        raise InvalidRequest("input must be a non-empty string or a non-empty list of strings")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise InvalidRequest(f"input[{i}] is {type(t).__name__}, expected a string")
+        if t == "":
+            raise InvalidRequest(f"input[{i}] is empty")
+    return list(texts)
+
+
+def context_limit(model, n_ctx=None) -> int:
+    lim = int(getattr(model.hp, "n_ctx_train", 0) or 0)
+    if n_ctx:
+        lim = min(lim, int(n_ctx)) if lim else int(n_ctx)
+    return lim
+
+
+def tokenize(tokenizer, texts, limit: int, truncate: bool) -> list:
+    """Token ids per text, checked (or truncated) against `limit` before any compute."""
+    out = []
+    for i, t in enumerate(texts):
+        ids = tokenizer.encode(t, add_special=True)
+        if not ids:
+            raise InvalidRequest(f"input[{i}] has no tokens")
+        if limit and len(ids) > limit:
+            if not truncate:
+                raise ContextOverflow(f"input[{i}] is {len(ids)} tokens; the model takes {limit} "
+                                      f"(pass truncate=True to cut it)")
+            eos = tokenizer.eos_id if getattr(tokenizer, "add_eos", False) else None
+            ids = ids[:limit - 1] + [ids[-1]] if eos is not None and ids[-1] == eos else ids[:limit]
+        out.append(ids)
+    return out
+
+
+def hidden_states(model, seqs: list, pack_tokens: int = PACK_TOKENS) -> list:
+    """Final hidden states (T_i, n_embd) for each id list, packed where the model allows it."""
+    out = [None] * len(seqs)
+    if getattr(model, "supports_packing", False):
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+        batch: list = []
+        n = 0
+
+        def flush():
+            if not batch:
+                return
+            ids = [t for i in batch for t in seqs[i]]
+            lens = [len(seqs[i]) for i in batch]
+            h = model.forward(ids, None, output="hidden", seq_lens=lens)  # (sum T_i, n_embd)
+            s = 0
+            for i, L in zip(batch, lens):
+                out[i] = h[s:s + L]
+                s += L
+
+        for i in order:
+            L = len(seqs[i])
+            if batch and n + L > pack_tokens:
+                flush()
+                batch, n = [], 0
+            batch.append(i)
+            n += L
+        flush()
+        return out
+    for i, ids in enumerate(seqs):
+        cache = model.new_cache(len(ids))
+        out[i] = model.forward(ids, cache, output="hidden")                   # (T_i, n_embd)
+    return out
+
+
+def pool(h: np.ndarray, pooling: int) -> np.ndarray:
+    if pooling == POOLING_MEAN:
+        return h.mean(axis=0, dtype=np.float64).astype(np.float32)
+    if pooling in (POOLING_CLS, POOLING_RANK):
+        return h[0]
+    if pooling == POOLING_LAST:
+        return h[-1]
+    raise InvalidRequest(f"pooling {pooling} does not give one vector per text")
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    n = np.linalg.norm(x, axis=-1, keepdims=True)
+    return (x / np.maximum(n, np.float32(1e-12))).astype(np.float32)
+
+
+def embed(model, tokenizer, texts, normalize: bool = True, truncate: bool = False, pooling=None,
+          n_ctx: int | None = None):
+    """Embed texts -> (vectors, info).
+
+    vectors: (N, n_embd) float32 (a list of (T_i, n_embd) arrays for NONE pooling);
+    info: {"n_tokens": [T_i], "pooling": int}."""
+    texts = _texts(texts)
+    p = pooling_of(model, pooling)
+    if p == POOLING_RANK:
+        raise InvalidRequest("this model has a classifier head (RANK pooling): use classify_head()")
+    if not isinstance(normalize, bool) or not isinstance(truncate, bool):
+        raise InvalidRequest("normalize and truncate must be booleans")
+    seqs = tokenize(tokenizer, texts, context_limit(model, n_ctx), truncate)
+    hs = hidden_states(model, seqs)
+    info = {"n_tokens": [len(s) for s in seqs], "pooling": p}
+    if p == POOLING_NONE:
+        return [l2_normalize(h) if normalize else h for h in hs], info
+    v = np.stack([pool(h, p) for h in hs])                                     # (N, n_embd)
+    return (l2_normalize(v) if normalize else v), info
+
+
+# ---------------------------------------------------------------- classifier heads
+def has_head(model) -> bool:
+    return bool(getattr(model, "has_head", False))
+
+
+def head_labels(model) -> list:
+    labels = getattr(model, "labels", None)
+    n = model.cls_out.shape[0] if getattr(model, "cls_out", None) is not None else model.hp.n_embd
+    if labels and len(labels) == n:
+        return list(labels)
+    return [f"LABEL_{i}" for i in range(n)]
+
+
+def head_scores(model, tokenizer, texts, truncate: bool = False, n_ctx: int | None = None):
+    """Raw classifier-head outputs (N, n_labels) for each text (the [CLS] row through cls/cls.output)."""
+    if not has_head(model):
+        raise InvalidRequest(f"model ({model.arch}) has no classifier head (cls.* tensors)")
+    texts = _texts(texts)
+    seqs = tokenize(tokenizer, texts, context_limit(model, n_ctx), truncate)
+    rows = np.stack([h[0] for h in hidden_states(model, seqs)])               # (N, n_embd)
+    return model.head(rows)                                                    # (N, n_labels)
+
+
+def classify_head(engine, text: str, truncate: bool = False) -> dict:
+    """{label: probability} from the model's GGUF classifier head: softmax over the labels
+    (a single-output head, as rerankers have, gives sigmoid(score) under its one label)."""
+    model, tok = engine.model, engine.tokenizer
+    s = head_scores(model, tok, [text], truncate=truncate, n_ctx=getattr(engine, "n_ctx", None))[0]
+    s = s.astype(np.float64)
+    if s.shape[0] == 1:
+        p = 1.0 / (1.0 + np.exp(-s))
+    else:
+        e = np.exp(s - s.max())
+        p = e / e.sum()
+    return {lab: float(x) for lab, x in zip(head_labels(model), p)}
