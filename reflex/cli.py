@@ -27,6 +27,8 @@ COMMANDS = {
     "uds": ("reflex.commands.uds", "serve the IPC protocol on a Unix socket (mode 0600)"),
     "system1": ("reflex.commands.system1", "score candidate continuations of a context in one forward"),
     "classify": ("reflex.commands.classify", "probability per label for a text"),
+    "convert": ("reflex.commands.convert", "convert a BERT safetensors checkpoint to GGUF"),
+    "embed": ("reflex.commands.embed", "embed texts with an embedding model"),
 }
 
 
