@@ -19,7 +19,11 @@ def run(args) -> int:
 
     from reflex import ipc
 
+    import signal
+
     sock, ino = ipc.bind_unix_socket(args.socket)
+    # SIGTERM during the model load must still remove the socket (the finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         eng = load_engine(args)
     except BaseException:
