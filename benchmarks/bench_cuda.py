@@ -33,11 +33,16 @@ PROMPT = "Hello my name is"
 PROBE = r"""
 import time, sys, json
 T = {"probe_start": time.perf_counter()}
+import os
+late = os.environ.get("REFLEX_PROBE_LATE") == "1"
 from reflex.backends import cuda_driver
-cuda_driver.start()
+if not late:
+    cuda_driver.start()
 T["ctx_thread_started"] = time.perf_counter()
 import numpy
 T["numpy_imported"] = time.perf_counter()
+if late:
+    cuda_driver.start()
 from reflex.engine import Engine
 T["engine_imported"] = time.perf_counter()
 e = Engine(sys.argv[1], backend="cuda")
@@ -49,8 +54,20 @@ out = {k: round(v - T["probe_start"], 4) for k, v in T.items()}
 out.update({"load": {k: round(v, 4) for k, v in e.load_timings.items()},
             "cuda": {k: round(v, 4) for k, v in b.timings.items() if k != "init_started_at"},
             "gen": r.timings, "jit": b.jit, "device": b.ctx.name, "cc": b.ctx.cc})
-print(json.dumps(out))
+print(json.dumps(out), flush=True)
+import os
+if os.environ.get("REFLEX_PROBE_RESET") == "1":
+    # how long the context teardown itself takes (what process exit pays)
+    t = time.perf_counter()
+    b.synchronize()
+    cuda_driver._load_lib().cuDevicePrimaryCtxReset(b.ctx.device)
+    print(json.dumps({"ctx_reset_s": time.perf_counter() - t}), flush=True)
+    os._exit(0)
+if os.environ.get("REFLEX_PROBE_EXIT") == "1":
+    os._exit(0)
 """
+
+NUMPY_ONLY = "import time; t = time.perf_counter(); import numpy; print(time.perf_counter() - t)"
 
 
 def cold(model, runs, drop):
@@ -87,6 +104,26 @@ def cold(model, runs, drop):
     if probes:
         probes.sort(key=lambda d: d["wall_s"])
         res["breakdown_median_probe"] = probes[len(probes) // 2]
+    # variants of the probe: os._exit after the token (no interpreter/context teardown), and
+    # context creation started only after numpy is imported
+    for name, extra in (("probe_os_exit", {"REFLEX_PROBE_EXIT": "1"}), ("probe_ctx_reset", {"REFLEX_PROBE_RESET": "1"}),
+                        ("probe_openblas_default", {"OPENBLAS_NUM_THREADS": ""}),
+                        ("probe_ctx_after_numpy", {"REFLEX_PROBE_LATE": "1"})):
+        walls, last = [], None
+        for _ in range(3):
+            t0 = time.perf_counter()
+            pr = subprocess.run([sys.executable, "-c", PROBE, model, PROMPT], capture_output=True, text=True,
+                                env=dict(env, **extra))
+            walls.append(time.perf_counter() - t0)
+            if pr.returncode == 0:
+                last = json.loads(pr.stdout.strip().splitlines()[-1])
+        res[name + "_wall_s"] = sorted(walls)
+        res[name + "_last"] = last
+    nps = []
+    for _ in range(3):
+        pr = subprocess.run([sys.executable, "-c", NUMPY_ONLY], capture_output=True, text=True, env=env)
+        nps.append(float(pr.stdout.strip()))
+    res["import_numpy_alone_s"] = sorted(nps)
     if drop:
         try:
             subprocess.run(["sync"])

@@ -1,8 +1,9 @@
 // attention.cu -- KV-cache writes and grouped-query attention over an f16 KV cache.
 //
-// rx_kv_write(cache, x, n, start, start_dyn): cache[start + i] = half(x[i]) for the n floats of
-//   x (T, n_head_kv, head_dim) -- cache rows are contiguous, so it is one flat copy at an offset of
-//   start * row. start is *start_dyn when given (captured decode step). 1-D grid, 256 threads.
+// rx_kv_write(cache, x, cache2, x2, n, row, start, start_dyn): cache[start*row + i] = half(x[i])
+//   for the n floats of x (T, n_head_kv, head_dim) -- cache rows are contiguous, so it is one flat
+//   copy at an offset; the same for (cache2, x2) when given (K and V in one launch). start is
+//   *start_dyn when given (captured decode step). 1-D grid-stride, 256 threads.
 //
 // rx_attention(q, k, v, o, part, mask, T, n_head, n_head_kv, d, n_past, n_past_dyn, scale,
 //              window, causal, chunk, S_mask):
@@ -11,8 +12,10 @@
 //   with window > 0 also n_past + t - j < window. Online softmax (running max m, sum l, acc[d]).
 //   Launch: grid (T * n_head, n_split), 128 threads; split s covers keys [s*chunk, (s+1)*chunk)
 //   (split over the KV length so long contexts fill the GPU at T = 1). Per tile of 128 keys each
-//   thread scores one key against q (shared), the block reduces max/sum, then each thread
-//   accumulates dims tid, tid+128, ... over the tile's keys (coalesced V reads).
+//   thread scores one key against q (shared), the block reduces max/sum, then the V sum: for
+//   d < 128 the threads form G = 128 / d groups of d, group g taking keys g, g+G, ... (four loads
+//   in flight per thread), summed across groups at the end; for d >= 128 thread t owns dims
+//   t, t+128, ... (coalesced V reads).
 //   n_split == 1: o (T, n_head, d) is written directly. Otherwise every split writes
 //   part[(th * n_split + s) * (d + 2)] = (m, l, acc[0..d)) and rx_attn_combine merges them.
 // rx_attn_combine(part, o, n_split, d): grid T * n_head, 128 threads.
@@ -21,10 +24,13 @@
 #define ATT_THREADS 128
 #define ATT_MAXD 512
 
-RX_EXTERN void rx_kv_write(__half* cache, const float* x, long n, int row, int start, const int* start_dyn) {
+RX_EXTERN void rx_kv_write(__half* cache, const float* x, __half* cache2, const float* x2, long n, int row,
+                           int start, const int* start_dyn) {
     long s = (long)rx_dyn(start, start_dyn) * row;
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
         cache[s + i] = __float2half_rn(x[i]);
+        if (cache2) cache2[s + i] = __float2half_rn(x2[i]);
+    }
 }
 
 RX_EXTERN void __launch_bounds__(ATT_THREADS) rx_attention(
@@ -51,6 +57,10 @@ RX_EXTERN void __launch_bounds__(ATT_THREADS) rx_attention(
         if (window > 0) j_lo = max(j_lo, qslot - window + 1);
     }
     const int kv_row = n_head_kv * d;
+    const int G = d < ATT_THREADS ? ATT_THREADS / d : 1;
+    const int gi = d < ATT_THREADS ? tid / d : 0;
+    const int di = d < ATT_THREADS ? tid % d : tid;
+    const bool active = gi < G;
     float m = -INFINITY, l = 0.f;
     float acc[ATT_MAXD / ATT_THREADS];
 #pragma unroll
@@ -61,6 +71,7 @@ RX_EXTERN void __launch_bounds__(ATT_THREADS) rx_attention(
         if (j < j_hi && (!mask || mask[(long)t * S_mask + j])) {
             const __half2* kr = reinterpret_cast<const __half2*>(k + (long)j * kv_row + (long)kvh * d);
             float a = 0.f;
+#pragma unroll 8
             for (int i = 0; i < d / 2; i++) {
                 float2 kk = __half22float2(kr[i]);
                 a += qs[2 * i] * kk.x + qs[2 * i + 1] * kk.y;
@@ -78,13 +89,31 @@ RX_EXTERN void __launch_bounds__(ATT_THREADS) rx_attention(
         int nj = min(ATT_THREADS, j_hi - j0);
 #pragma unroll
         for (int u = 0; u < ATT_MAXD / ATT_THREADS; u++) {
-            int i = tid + u * ATT_THREADS;
-            if (i < d) {
-                float a = acc[u] * corr;
+            int i = di + u * ATT_THREADS;
+            if (active && i < d) {
                 const __half* vc = v + (long)j0 * kv_row + (long)kvh * d + i;
-                for (int jj = 0; jj < nj; jj++) a += ps[jj] * __half2float(vc[(long)jj * kv_row]);
-                acc[u] = a;
+                float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+                int jj = gi;
+                for (; jj + 3 * G < nj; jj += 4 * G) {
+                    a0 += ps[jj] * __half2float(vc[(long)jj * kv_row]);
+                    a1 += ps[jj + G] * __half2float(vc[(long)(jj + G) * kv_row]);
+                    a2 += ps[jj + 2 * G] * __half2float(vc[(long)(jj + 2 * G) * kv_row]);
+                    a3 += ps[jj + 3 * G] * __half2float(vc[(long)(jj + 3 * G) * kv_row]);
+                }
+                for (; jj < nj; jj += G) a0 += ps[jj] * __half2float(vc[(long)jj * kv_row]);
+                acc[u] = acc[u] * corr + ((a0 + a1) + (a2 + a3));
             }
+        }
+        __syncthreads();
+    }
+    if (G > 1) {
+        // sum the key groups: group 0 ends up with the whole V sum for its dim
+        ps[tid] = active ? acc[0] : 0.f;
+        __syncthreads();
+        if (gi == 0) {
+            float a = 0.f;
+            for (int g = 0; g < G; g++) a += ps[g * d + di];
+            acc[0] = a;
         }
         __syncthreads();
     }
@@ -92,16 +121,16 @@ RX_EXTERN void __launch_bounds__(ATT_THREADS) rx_attention(
         float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
         for (int u = 0; u < ATT_MAXD / ATT_THREADS; u++) {
-            int i = tid + u * ATT_THREADS;
-            if (i < d) o[(long)th * d + i] = acc[u] * inv;
+            int i = di + u * ATT_THREADS;
+            if (gi == 0 && i < d) o[(long)th * d + i] = acc[u] * inv;
         }
     } else {
         float* pr = part + ((long)th * n_split + split) * (d + 2);
         if (tid == 0) { pr[0] = m; pr[1] = l; }
 #pragma unroll
         for (int u = 0; u < ATT_MAXD / ATT_THREADS; u++) {
-            int i = tid + u * ATT_THREADS;
-            if (i < d) pr[2 + i] = acc[u];
+            int i = di + u * ATT_THREADS;
+            if (gi == 0 && i < d) pr[2 + i] = acc[u];
         }
     }
 }

@@ -7,8 +7,11 @@
 //   (consecutive lanes read consecutive bytes), dequantizes them in registers and the warp sums.
 //   Requires n_in % 8 == 0 (every GGUF block size is a multiple of 8 except the float types, and
 //   their rows are checked on the host).
-// rx_matvec2_<type>: the same for two weights sharing x (gate and up of a SwiGLU/GeGLU), writing
-//   y0 and y1 in one launch: grid (ceil(n_out / 4), T, 2).
+// rx_matvec3_<type>(w0, w1, w2, x, y0, y1, y2, n0, n1, n2, n_in): up to three weights of one type
+//   sharing x (Q, K, V; gate and up) in one launch: output rows [0, n0) of w0, then n1 of w1, then
+//   n2 of w2 (n2 = 0 for a pair). grid (ceil((n0 + n1 + n2) / 4), T).
+// rx_matvec_glu_<type>(wg, wu, x, y, n_out, n_in, op): y = act(Wg x) * (Wu x), act = silu (op 0) or
+//   gelu_tanh (op 1): gate, up and the SwiGLU/GeGLU in one launch; each warp does both rows r.
 #include "quant.cuh"
 
 template <int T>
@@ -47,15 +50,54 @@ __device__ void matvec_impl(const uint8_t* w, const float* x, float* y, int n_ou
     if ((threadIdx.x & 31) == 0) y[(long)t * n_out + r] = s;
 }
 
+template <int T>
+__device__ void matvec3_impl(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const float* x,
+                             float* y0, float* y1, float* y2, int n0, int n1, int n2, int n_in) {
+    int r = blockIdx.x * 4 + (threadIdx.x >> 5);
+    long row_bytes = (long)n_in / Q<T>::QK * Q<T>::TS;
+    const uint8_t* w;
+    float* y;
+    int n_out;
+    if (r < n0) { w = w0; y = y0; n_out = n0; }
+    else if (r < n0 + n1) { r -= n0; w = w1; y = y1; n_out = n1; }
+    else if (r < n0 + n1 + n2) { r -= n0 + n1; w = w2; y = y2; n_out = n2; }
+    else return;
+    int t = blockIdx.y;
+    float s = dot_row<T>(w + r * row_bytes, x + (long)t * n_in, n_in);
+    if ((threadIdx.x & 31) == 0) y[(long)t * n_out + r] = s;
+}
+
+__device__ __forceinline__ float rx_glu_act(float g, int op) {
+    if (op == 0) return g / (1.f + expf(-g));
+    return 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
+template <int T>
+__device__ void matvec_glu_impl(const uint8_t* wg, const uint8_t* wu, const float* x, float* y, int n_out,
+                                int n_in, int op) {
+    int r = blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    long row_bytes = (long)n_in / Q<T>::QK * Q<T>::TS;
+    int t = blockIdx.y;
+    const float* xt = x + (long)t * n_in;
+    float g = dot_row<T>(wg + r * row_bytes, xt, n_in);
+    float u = dot_row<T>(wu + r * row_bytes, xt, n_in);
+    if ((threadIdx.x & 31) == 0) y[(long)t * n_out + r] = rx_glu_act(g, op) * u;
+}
+
 #define RX_MV(T, name)                                                                          \
     RX_EXTERN void __launch_bounds__(128) rx_matvec_##name(const uint8_t* w, const float* x,   \
                                                           float* y, int n_out, int n_in) {     \
         matvec_impl<T>(w, x, y, n_out, n_in);                                                   \
     }                                                                                           \
-    RX_EXTERN void __launch_bounds__(128) rx_matvec2_##name(const uint8_t* w0, const uint8_t* w1, \
-                                                           const float* x, float* y0, float* y1, \
-                                                           int n_out, int n_in) {               \
-        if (blockIdx.z == 0) matvec_impl<T>(w0, x, y0, n_out, n_in);                            \
-        else matvec_impl<T>(w1, x, y1, n_out, n_in);                                            \
+    RX_EXTERN void __launch_bounds__(128) rx_matvec3_##name(                                    \
+        const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const float* x, float* y0,    \
+        float* y1, float* y2, int n0, int n1, int n2, int n_in) {                               \
+        matvec3_impl<T>(w0, w1, w2, x, y0, y1, y2, n0, n1, n2, n_in);                           \
+    }                                                                                           \
+    RX_EXTERN void __launch_bounds__(128) rx_matvec_glu_##name(const uint8_t* wg, const uint8_t* wu, \
+                                                              const float* x, float* y, int n_out, \
+                                                              int n_in, int op) {               \
+        matvec_glu_impl<T>(wg, wu, x, y, n_out, n_in, op);                                      \
     }
 RX_FOR_EACH_TYPE(RX_MV)

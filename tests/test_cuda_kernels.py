@@ -230,3 +230,54 @@ def test_bad_input_is_categorized(gb):
         gb.matmul(gb.upload(np.zeros((1, 32), np.float32)), w)
     with pytest.raises(InvalidRequest):
         gb.add(gb.upload(np.zeros((2, 6), np.float32)), gb.upload(np.zeros(4, np.float32)))
+
+
+def test_deferred_fusions_match_numpy(gb, nb):
+    """The launches the backend fuses behind the ops interface (Q/K/V in one product, gate/up/act
+    in one, rope Q+K, K+V cache writes, add + rms_norm) give the unfused results."""
+    from reflex.quants import dequantize
+    rng = np.random.default_rng(21)
+    E, F, nh, nkv, d = 256, 512, 4, 2, 64
+    raws = {n: random_tensor_bytes(3, r, c, rng) for n, r, c in
+            [("q", nh * d, E), ("k", nkv * d, E), ("v", nkv * d, E), ("g", F, E), ("u", F, E)]}
+    shp = {"q": (nh * d, E), "k": (nkv * d, E), "v": (nkv * d, E), "g": (F, E), "u": (F, E)}
+    W = {n: gb.prepare_weight(r, 3, shp[n]) for n, r in raws.items()}
+    R = {n: dequantize(r, 3, shp[n]) for n, r in raws.items()}
+    x = rng.standard_normal((1, E)).astype(np.float32)
+    gx = gb.upload(x)
+    q, k, v = (gb.matmul(gx, W[n]) for n in "qkv")
+    assert q.buf.pend is not None  # deferred until read
+    for n, a in zip("qkv", (q, k, v)):
+        assert rel(gb.to_numpy(a), x @ R[n].T) <= 1e-5
+    h = gb.swiglu(gb.matmul(gx, W["g"]), gb.matmul(gx, W["u"]))
+    assert rel(gb.to_numpy(h), nb.swiglu(x @ R["g"].T, x @ R["u"].T)) <= 1e-5
+    h2 = gb.mul(gb.gelu_tanh(gb.matmul(gx, W["g"])), gb.matmul(gx, W["u"]))
+    assert rel(gb.to_numpy(h2), nb.gelu_tanh(x @ R["g"].T) * (x @ R["u"].T)) <= 1e-5
+    r = rng.standard_normal((1, E)).astype(np.float32)
+    w = rng.standard_normal(E).astype(np.float32)
+    s = gb.add(gx, gb.upload(r))
+    y = gb.rms_norm(s, gb.upload(w), 1e-5)
+    assert rel(gb.to_numpy(y), nb.rms_norm(x + r, w, 1e-5)) <= 1e-6
+    assert rel(gb.to_numpy(s), x + r) <= 1e-7
+    qq = rng.standard_normal((1, nh, d)).astype(np.float32)
+    kk = rng.standard_normal((1, nkv, d)).astype(np.float32)
+    vv = rng.standard_normal((1, nkv, d)).astype(np.float32)
+    pos = np.array([37])
+    gq, gk = gb.rope(gb.upload(qq), pos, d, 1e4, 0), gb.rope(gb.upload(kk), pos, d, 1e4, 0)
+    kc, vc = gb.zeros((40, nkv, d)), gb.zeros((40, nkv, d))
+    gb.kv_write(kc, gk, 37)
+    gb.kv_write(vc, gb.upload(vv), 37)
+    assert rel(gb.to_numpy(gq), nb.rope(qq, pos, d, 1e4, 0)) <= 1e-6
+    assert np.array_equal(gb.to_numpy(kc)[37], nb.rope(kk, pos, d, 1e4, 0)[0].astype(np.float16).astype(np.float32))
+    assert np.array_equal(gb.to_numpy(vc)[37], vv[0].astype(np.float16).astype(np.float32))
+    assert not gb.to_numpy(kc)[:37].any()
+
+
+def test_attention_over_float32_kv(gb, nb):
+    """bert passes its own (T, n_head, d) float32 K/V instead of a cache: attended in float16."""
+    rng = np.random.default_rng(23)
+    T, H, d = 50, 12, 32
+    q, k, v = (rng.standard_normal((T, H, d)).astype(np.float32) for _ in range(3))
+    got = gb.to_numpy(gb.attention(gb.upload(q), gb.upload(k), gb.upload(v), 0, 0.2, causal=False))
+    k16, v16 = (a.astype(np.float16).astype(np.float32) for a in (k, v))
+    assert rel(got, nb.attention(q, k16, v16, 0, 0.2, causal=False)) <= 1e-4

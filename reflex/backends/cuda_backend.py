@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import weakref
 
 import numpy as np
 
@@ -33,12 +34,17 @@ ATT_CHUNK_DECODE = 256  # keys per split at T = 1 (splits over the KV length fil
 
 
 class _Buf:
-    """One pooled device allocation; returned to the pool when the last array using it dies."""
+    """One pooled device allocation; returned to the pool when the last array using it dies.
 
-    __slots__ = ("ctx", "ptr", "bucket")
+    `pend` is set while the buffer's contents are a deferred op not yet launched (see
+    CudaBackend._m): ("mv", x, w, T) a product, ("add", a, b, n), ("rope", x, pos_ptr, dyn, args),
+    ("act", g, op) an activation of a pending product."""
+
+    __slots__ = ("ctx", "ptr", "bucket", "pend", "__weakref__")
 
     def __init__(self, ctx, nbytes):
         self.ctx = ctx
+        self.pend = None
         self.ptr, self.bucket = ctx.pool_get(nbytes)
 
     def __del__(self):
@@ -46,6 +52,16 @@ class _Buf:
             self.ctx.pool_put(self.ptr, self.bucket)
         except Exception:
             pass
+
+
+class _StaticBuf:
+    """Device memory owned elsewhere (a weight segment): never pooled, never pending."""
+
+    __slots__ = ("ptr", "pend", "__weakref__")
+
+    def __init__(self, ptr=0):
+        self.ptr = ptr
+        self.pend = None
 
 
 class DArray:
@@ -114,6 +130,7 @@ class DArray:
         raise IndexError(f"unsupported DArray index {key!r}")
 
     def get(self) -> np.ndarray:
+        self.backend.flush(self)
         out = np.empty(self.shape, _NP[self.dtype])
         if out.nbytes:
             self.backend.ctx.d2h(out.ctypes.data, self.ptr, out.nbytes)
@@ -162,6 +179,108 @@ class CudaBackend(Backend):
         self._state = DArray(self, (4,), "i32")  # [token, n_past, -, -] of a captured decode step
         self.ctx.memset0(self._state.ptr, 16)
         self._pos_cache = (None, None)
+        self.fuse = os.environ.get("REFLEX_CUDA_FUSE", "1") != "0"
+        self._recent = []   # weakrefs to the latest pending buffers (siblings share one launch)
+        self._kvq = []      # deferred kv_write calls (K and V share one launch)
+        self._staged = []   # weights prepared but not yet copied (see _commit)
+
+    # ---- deferred ops: a few launches fused without any change to the model files ------------
+    # matmul (T <= 8), add, rope and kv_write may return before launching. Reading a pending array
+    # (any op's input, to_numpy) launches it -- together with its pending siblings: Q/K/V products
+    # of one x become one rx_matvec3, rope Q + rope K one rx_rope, K and V cache writes one
+    # rx_kv_write, an add followed by rms_norm one rx_add_rms_norm, gate/up/act/mul one
+    # rx_matvec_glu. Inputs of ops are never written in place, so deferring cannot change results.
+    def _defer(self, out: DArray, pend):
+        out.buf.pend = pend
+        self._recent.append(weakref.ref(out.buf))
+        if len(self._recent) > 8:
+            del self._recent[0]
+        return out
+
+    def _siblings(self, buf, same) -> list:
+        sib = []
+        for r in self._recent:
+            o = r()
+            if o is not None and o.pend is not None and o is not buf and same(o.pend):
+                sib.append(o)
+        return sib
+
+    def _m(self, x):
+        if isinstance(x, DArray) and x.buf.pend is not None:
+            self._resolve(x.buf)
+        return x
+
+    def flush(self, x=None):
+        """Launch deferred cache writes (and x's deferred op)."""
+        if self._kvq:
+            self._flush_kv()
+        if x is not None:
+            self._m(x)
+
+    def _resolve(self, buf):
+        pend = buf.pend
+        kind = pend[0]
+        if kind == "mv":
+            _, x, w, T = pend
+            group = [buf] + self._siblings(buf, lambda p: p[0] == "mv" and p[1] is x and p[3] == T
+                                           and p[2].ggml_type == w.ggml_type)
+            for i in range(0, len(group), 3):
+                part = group[i:i + 3]
+                ws = [b.pend[2] for b in part] + [None] * (3 - len(part))
+                ptrs = [b.ptr for b in part] + [0] * (3 - len(part))
+                ns = [wi.n_out if wi is not None else 0 for wi in ws]
+                wp = [wi.ptr if wi is not None else 0 for wi in ws]
+                self.k("rx_matvec3_" + w.suffix, "pppppppiiii")(
+                    ((sum(ns) + 3) // 4, T, 1), 128, wp[0], wp[1], wp[2], x.ptr, ptrs[0], ptrs[1], ptrs[2],
+                    ns[0], ns[1], ns[2], w.n_in)
+                for b in part:
+                    b.pend = None
+        elif kind == "add":
+            _, a, b, n = pend
+            buf.pend = None
+            self.k("rx_binary", "pppllif")(self._grid1(n), 256, a.ptr, b.ptr, buf.ptr, n, b.size, 0, 0.0)
+        elif kind == "rope":
+            _, x, pos_ptr, dyn, args, _keep = pend
+            group = [buf] + self._siblings(buf, lambda p: p[0] == "rope" and p[2] == pos_ptr and p[3] == dyn
+                                           and p[4] == args)
+            second = group[1] if len(group) > 1 else None
+            x2 = second.pend[1] if second is not None else None
+            T, n_head, head_dim = x.shape
+            n_head2 = x2.shape[1] if x2 is not None and x2.shape[0] == T else 0
+            if not n_head2:
+                second, x2 = None, None
+            n_rot, base, mode = args
+            threads = max(32, min(256, ((n_rot // 2 + 31) // 32) * 32))
+            self.k("rx_rope", "ppppipiiifip")((T * (n_head + n_head2), 1, 1), threads, x.ptr, buf.ptr,
+                                              x2.ptr if x2 is not None else 0, second.ptr if second else 0,
+                                              n_head2, pos_ptr, n_head, head_dim, n_rot, base, mode, dyn)
+            buf.pend = None
+            if second is not None:
+                second.pend = None
+        elif kind == "act":
+            _, g, op = pend
+            buf.pend = None
+            self._m(g)
+            self.k("rx_unary", "ppli")(self._grid1(g.size), 256, g.ptr, buf.ptr, g.size, op)
+        else:
+            raise AssertionError(kind)
+
+    def _flush_kv(self):
+        q, self._kvq = self._kvq, []
+        i = 0
+        while i < len(q):
+            cache, x, start, row = q[i]
+            pair = None
+            if i + 1 < len(q):
+                c2, x2, s2, r2 = q[i + 1]
+                if s2 == start and r2 == row and x2.size == x.size and c2 is not cache:
+                    pair = (c2, self._f32(x2))
+            x = self._f32(x)
+            dyn = self._state.ptr + 4 if self.capturing else 0
+            self.k("rx_kv_write", "pppplii" + "p")(self._grid1(x.size), 256, cache.ptr, x.ptr,
+                                                   pair[0].ptr if pair else 0, pair[1].ptr if pair else 0,
+                                                   x.size, row, int(start), dyn)
+            i += 2 if pair else 1
 
     # ---- kernels -------------------------------------------------------------------------------
     def k(self, name: str, sig: str):
@@ -184,6 +303,9 @@ class CudaBackend(Backend):
         return d
 
     def synchronize(self):
+        if self._staged:
+            self._commit()
+        self.flush()
         self.ctx.synchronize()
 
     # ---- weights / arrays ----------------------------------------------------------------------
@@ -204,18 +326,52 @@ class CudaBackend(Backend):
         raw = raw.reshape(-1)
         if raw.size < nbytes:
             raise ModelFormatError(f"tensor of shape {shape}: need {nbytes} bytes, got {raw.size}", kind="tensor_shape")
+        if not raw.flags.c_contiguous:
+            raw = np.ascontiguousarray(raw)
+        if len(shape) == 1 and ggml_type == 0:
+            # float32 vectors (norms, biases) are used as they are: staged with the block weights
+            v = DArray(self, shape, "f32", buf=_StaticBuf(), ptr=0)
+            self._staged.append((v, raw, nbytes))
+            return v
         if len(shape) == 1:
-            # norms and biases: small, used by elementwise kernels as float32 vectors
+            # other 1-D tensors: small, used by elementwise kernels as float32 vectors
             from reflex.quants import dequantize
             v = self.upload(dequantize(raw[:nbytes], ggml_type, shape))
             self.weight_bytes += v.nbytes
             return v
-        if not raw.flags.c_contiguous:
-            raw = np.ascontiguousarray(raw)
-        ptr = self.ctx.malloc_raw(nbytes)
-        self.ctx.h2d(ptr, raw.ctypes.data, nbytes)  # straight from the memory map
-        self.weight_bytes += nbytes
-        return QWeight(ptr, ggml_type, shape, nbytes)
+        w = QWeight(0, ggml_type, shape, nbytes)
+        self._staged.append((w, raw, nbytes))
+        return w
+
+    def _commit(self):
+        """Copy every staged weight to the device: tensors adjacent in the memory map (a GGUF
+        file's data section is one run of aligned tensors) go in one allocation and one copy
+        straight from the map, so loading is a few large transfers instead of one per tensor."""
+        staged, self._staged = self._staged, []
+        staged.sort(key=lambda e: e[1].ctypes.data)
+        i = 0
+        while i < len(staged):
+            start = staged[i][1].ctypes.data
+            end = start + staged[i][2]
+            j = i + 1
+            while j < len(staged):
+                a = staged[j][1].ctypes.data
+                if not (end <= a < end + 4096):  # alignment padding only between neighbours
+                    break
+                end = a + staged[j][2]
+                j += 1
+            n = end - start
+            base = self.ctx.malloc_raw(n)
+            self.ctx.h2d(base, start, n)
+            self.weight_bytes += n
+            for obj, raw, _ in staged[i:j]:
+                p = base + (raw.ctypes.data - start)
+                if isinstance(obj, QWeight):
+                    obj.ptr = p
+                else:
+                    obj.buf.ptr = p
+                    obj.ptr = p
+            i = j
 
     def to_numpy(self, x):
         if isinstance(x, QWeight):
@@ -231,7 +387,7 @@ class CudaBackend(Backend):
         self.ctx.memset0(d.ptr, d.nbytes)
         return d
 
-    def _f32(self, x, what="input") -> DArray:
+    def _f32_plain(self, x, what="input") -> DArray:
         if isinstance(x, DArray):
             if x.dtype != "f32":
                 raise InvalidRequest(f"cuda backend: {what} must be float32, got {x.dtype}")
@@ -240,11 +396,24 @@ class CudaBackend(Backend):
             raise InvalidRequest(f"cuda backend: {what} is a quantized weight")
         return self.upload(np.asarray(x, dtype=np.float32))
 
+    def _f32(self, x, what="input") -> DArray:  # noqa: F811  (the checked version, resolving deferred ops)
+        if self._staged:
+            self._commit()  # x may be a staged float32 weight vector
+        if isinstance(x, DArray):
+            if x.dtype != "f32":
+                raise InvalidRequest(f"cuda backend: {what} must be float32, got {x.dtype}")
+            if x.buf.pend is not None:
+                self._resolve(x.buf)
+            return x
+        return self._f32_plain(x, what)
+
     def _ints(self, v) -> DArray:
         return self.upload(np.asarray(v, dtype=np.int32).reshape(-1), "i32")
 
     # ---- ops -----------------------------------------------------------------------------------
     def dequantize(self, w: QWeight, out: DArray | None = None) -> DArray:
+        if self._staged:
+            self._commit()
         out = out if out is not None else self.empty(w.shape)
         n = w.n_out * w.n_in
         self.k("rx_dequant_" + w.suffix, "ppll")(self._grid1(n), 256, w.ptr, out.ptr, w.n_out, w.n_in)
@@ -253,6 +422,8 @@ class CudaBackend(Backend):
     def embed(self, w, ids):
         if not isinstance(w, QWeight):
             raise InvalidRequest("cuda backend: embed needs a 2-D weight")
+        if self._staged:
+            self._commit()
         if self.capturing:
             n, ids_ptr, keep = 1, self._state.ptr, None
         else:
@@ -266,11 +437,15 @@ class CudaBackend(Backend):
         x = self._f32(x, "matmul input")
         if not isinstance(w, QWeight):
             raise InvalidRequest("cuda backend: matmul needs a prepared 2-D weight")
+        if self._staged:
+            self._commit()
         n_in, n_out = w.n_in, w.n_out
         if x.shape[-1] != n_in:
             raise InvalidRequest(f"matmul: input {x.shape} does not match weight {w.shape}")
         T = x.size // n_in
         out = self.empty(x.shape[:-1] + (n_out,))
+        if T <= MATVEC_MAX_T and n_in % 8 == 0 and self.fuse:
+            return self._defer(out, ("mv", x, w, T))
         if T <= MATVEC_MAX_T and n_in % 8 == 0:
             self.k("rx_matvec_" + w.suffix, "pppii")(((n_out + 3) // 4, T, 1), 128, w.ptr, x.ptr, out.ptr, n_out, n_in)
         else:
@@ -281,16 +456,31 @@ class CudaBackend(Backend):
 
     def matmul2(self, x, w0, w1):
         """(x @ w0.T, x @ w1.T) for two weights of one shape and type (gate/up): one launch at decode."""
+        if self._staged:
+            self._commit()
         x = self._f32(x, "matmul input")
         T = x.size // w0.n_in
-        if (w0.shape != w1.shape or w0.ggml_type != w1.ggml_type or T > MATVEC_MAX_T or w0.n_in % 8):
+        if (w0.n_in != w1.n_in or w0.ggml_type != w1.ggml_type or T > MATVEC_MAX_T or w0.n_in % 8):
             return self.matmul(x, w0), self.matmul(x, w1)
-        y0, y1 = self.empty(x.shape[:-1] + (w0.n_out,)), self.empty(x.shape[:-1] + (w0.n_out,))
-        self.k("rx_matvec2_" + w0.suffix, "pppppii")(((w0.n_out + 3) // 4, T, 2), 128, w0.ptr, w1.ptr, x.ptr,
-                                                    y0.ptr, y1.ptr, w0.n_out, w0.n_in)
+        y0, y1 = self.empty(x.shape[:-1] + (w0.n_out,)), self.empty(x.shape[:-1] + (w1.n_out,))
+        self.k("rx_matvec3_" + w0.suffix, "pppppppiiii")(((w0.n_out + w1.n_out + 3) // 4, T, 1), 128, w0.ptr,
+                                                        w1.ptr, 0, x.ptr, y0.ptr, y1.ptr, 0, w0.n_out, w1.n_out,
+                                                        0, w0.n_in)
         return y0, y1
 
     def rms_norm(self, x, w, eps: float):
+        if self._staged:
+            self._commit()
+        if isinstance(x, DArray) and x.buf.pend is not None and x.buf.pend[0] == "add":
+            _, a, b, n_all = x.buf.pend
+            if x.ptr == x.buf.ptr and x.size == n_all and b.size == n_all:
+                # the pending residual add and this norm in one launch; the sum lands in x's buffer
+                x.buf.pend = None
+                n = x.shape[-1]
+                out = self.empty(x.shape)
+                self.k("rx_add_rms_norm", "pppppif")((x.size // n, 1, 1), 256, a.ptr, b.ptr, x.ptr,
+                                                     w.ptr if w is not None else 0, out.ptr, n, float(eps))
+                return out
         x = self._f32(x, "rms_norm input")
         n = x.shape[-1]
         out = self.empty(x.shape)
@@ -300,6 +490,8 @@ class CudaBackend(Backend):
 
     def add_rms_norm(self, x, r, w, eps: float):
         """(x + r, rms_norm(x + r) * w) in one launch."""
+        if self._staged:
+            self._commit()
         x, r = self._f32(x), self._f32(r)
         n = x.shape[-1]
         s, out = self.empty(x.shape), self.empty(x.shape)
@@ -308,6 +500,8 @@ class CudaBackend(Backend):
         return s, out
 
     def layer_norm(self, x, w, b, eps: float):
+        if self._staged:
+            self._commit()
         x = self._f32(x, "layer_norm input")
         n = x.shape[-1]
         out = self.empty(x.shape)
@@ -333,12 +527,14 @@ class CudaBackend(Backend):
             raise InvalidRequest(f"rope: n_rot {n_rot} / head_dim {head_dim}")
         out = self.empty(x.shape)
         if self.capturing:
-            pos_ptr, dyn = 0, self._state.ptr + 4
+            pos_ptr, dyn, keep = 0, self._state.ptr + 4, None
         else:
-            pos_ptr, dyn = self._positions(pos).ptr, 0
-        threads = max(32, min(256, ((head_dim // 2 + 31) // 32) * 32))
-        self.k("rx_rope", "pppiiifip")((T * n_head, 1, 1), threads, x.ptr, out.ptr, pos_ptr, n_head, head_dim,
-                                       int(n_rot), float(freq_base), 0 if mode == ROPE_NORM else 1, dyn)
+            keep = self._positions(pos)
+            pos_ptr, dyn = keep.ptr, 0
+        args = (int(n_rot), float(freq_base), 0 if mode == ROPE_NORM else 1)
+        self._defer(out, ("rope", x, pos_ptr, dyn, args, keep))  # keep: positions stay alive
+        if not self.fuse:
+            self._resolve(out.buf)
         return out
 
     def kv_write(self, cache, x, start: int):
@@ -348,13 +544,17 @@ class CudaBackend(Backend):
         row = math.prod(cache.shape[1:])
         if not self.capturing and int(start) + x.size // row > cache.shape[0]:
             raise InvalidRequest("kv_write past the end of the cache")
-        dyn = self._state.ptr + 4 if self.capturing else 0
-        self.k("rx_kv_write", "ppliip")(self._grid1(x.size), 256, cache.ptr, x.ptr, x.size, row, int(start), dyn)
+        self._kvq.append((cache, x, int(start), row))
+        if not self.fuse:
+            self._flush_kv()
 
     def attention(self, q, k_cache, v_cache, n_past: int, scale: float | None = None, *,
                   window: int = 0, mask=None, causal: bool = True):
+        if self._kvq:
+            self._flush_kv()
         q = self._f32(q, "attention query")
         T, n_head, d = q.shape
+        k_cache, v_cache = self._as_f16(k_cache), self._as_f16(v_cache)
         n_ctx, n_kv, dk = k_cache.shape
         if dk != d or n_head % n_kv or d % 2 or d > 512:
             raise InvalidRequest(f"attention: q {q.shape} vs cache {k_cache.shape}")
@@ -389,7 +589,20 @@ class CudaBackend(Backend):
             self.k("rx_attn_combine", "ppii")((T * n_head, 1, 1), 128, part.ptr, out.ptr, n_split, d)
         return out
 
+    def _as_f16(self, kv):
+        """A float32 K or V given in place of a cache (an encoder attending over its own (T, n_kv, d)
+        projections, as bert does) -> a float16 copy, the layout the attention kernel reads."""
+        if isinstance(kv, DArray) and kv.dtype == "f16":
+            return kv
+        kv = self._f32(kv, "attention key/value")
+        out = DArray(self, kv.shape, "f16")
+        self.k("rx_kv_write", "pppplii" + "p")(self._grid1(kv.size), 256, out.ptr, kv.ptr, 0, 0, kv.size, 1, 0, 0)
+        return out
+
     def _unary(self, x, op):
+        if (op in (0, 1) and self.fuse and isinstance(x, DArray) and x.buf.pend is not None
+                and x.buf.pend[0] == "mv" and x.ptr == x.buf.ptr):
+            return self._defer(self.empty(x.shape), ("act", x, op))
         x = self._f32(x)
         out = self.empty(x.shape)
         self.k("rx_unary", "ppli")(self._grid1(x.size), 256, x.ptr, out.ptr, x.size, op)
@@ -404,7 +617,37 @@ class CudaBackend(Backend):
     def gelu(self, x):
         return self._unary(x, 2)
 
+    def _glu_fusable(self, g, u):
+        """g = act(pending product of x), u = pending product of the same x, same type and shape."""
+        if not (isinstance(g, DArray) and isinstance(u, DArray) and g.buf.pend and u.buf.pend):
+            return None
+        pg, pu = g.buf.pend, u.buf.pend
+        if pg[0] != "act" or pu[0] != "mv" or u.ptr != u.buf.ptr:
+            return None
+        gm = pg[1]
+        pm = gm.buf.pend
+        if pm is None or pm[0] != "mv" or pm[1] is not pu[1] or pm[3] != pu[3]:
+            return None
+        wg, wu = pm[2], pu[2]
+        if wg.ggml_type != wu.ggml_type or wg.shape != wu.shape:
+            return None
+        return pu[1], wg, wu, pu[3], pg[2]
+
+    def _glu_launch(self, x, wg, wu, T, op, shape):
+        out = self.empty(shape)
+        self.k("rx_matvec_glu_" + wg.suffix, "ppppiii")(((wg.n_out + 3) // 4, T, 1), 128, wg.ptr, wu.ptr, x.ptr,
+                                                       out.ptr, wg.n_out, wg.n_in, op)
+        return out
+
     def _binary(self, a, b, op):
+        if op == 1 and self.fuse:
+            f = self._glu_fusable(a, b) or self._glu_fusable(b, a)
+            if f is not None:
+                return self._glu_launch(*f, shape=a.shape)
+        if (op == 0 and self.fuse and isinstance(a, DArray) and isinstance(b, DArray)
+                and a.shape == b.shape and a.dtype == b.dtype == "f32"):
+            a, b = self._f32(a), self._f32(b)
+            return self._defer(self.empty(a.shape), ("add", a, b, a.size))
         if np.isscalar(a) or (isinstance(a, np.ndarray) and a.ndim == 0):
             a, b = b, a  # add and mul commute
         a = self._f32(a)
@@ -428,6 +671,11 @@ class CudaBackend(Backend):
         return self._binary(a, b, 0)
 
     def swiglu(self, gate, up):
+        if self.fuse and isinstance(gate, DArray) and isinstance(up, DArray) and gate.buf.pend and up.buf.pend:
+            pg, pu = gate.buf.pend, up.buf.pend
+            if (pg[0] == pu[0] == "mv" and pg[1] is pu[1] and pg[3] == pu[3] and gate.ptr == gate.buf.ptr
+                    and up.ptr == up.buf.ptr and pg[2].ggml_type == pu[2].ggml_type and pg[2].shape == pu[2].shape):
+                return self._glu_launch(pg[1], pg[2], pu[2], pg[3], 0, gate.shape)
         g, u = self._f32(gate), self._f32(up)
         out = self.empty(g.shape)
         self.k("rx_glu", "pppli")(self._grid1(g.size), 256, g.ptr, u.ptr, out.ptr, g.size, 0)

@@ -255,6 +255,11 @@ def start(fatbin: str | None = None):
     global _thread, _t_start
     if _thread is not None or _ctx is not None:
         return
+    import sys
+    if "numpy" not in sys.modules:
+        # the GPU path does no host BLAS: a single-threaded OpenBLAS imports faster (it would
+        # otherwise start one thread per core during `import numpy`); an explicit setting wins
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     path = fatbin or default_fatbin()
     _t_start = time.perf_counter()
 
