@@ -116,19 +116,91 @@ def _engine_method(srv, name: str):
     return fn
 
 
+def _is_ids(x) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                   for i in x)
+
+
+def _embed_ids(eng, seqs: list, normalize: bool):
+    """Token-id input (OpenAI allows it): the ids go to the encoder exactly as given."""
+    from reflex.embed import context_limit, hidden_states, l2_normalize, pool, pooling_of
+    import numpy as np
+
+    n_vocab, limit = eng.model.hp.n_vocab, context_limit(eng.model, eng.n_ctx)
+    for i, s in enumerate(seqs):
+        if min(s) < 0 or max(s) >= n_vocab:
+            raise InvalidRequest(f"input[{i}]: token id out of range [0, {n_vocab})")
+        if len(s) > limit:
+            from reflex.errors import ContextOverflow
+            raise ContextOverflow(f"input[{i}] is {len(s)} tokens; the limit is {limit}")
+    p = pooling_of(eng.model)
+    v = np.stack([pool(h, p) for h in hidden_states(eng.model, seqs)])       # (N, n_embd)
+    return l2_normalize(v) if normalize else v
+
+
 def op_embed(srv, req, emit):
-    fn = _engine_method(srv, "embed")
-    return _jsonable(fn(**{k: v for k, v in req.items() if k not in _COMMON}))
+    """input: a string, a list of strings, a list of token ids or a list of such lists.
+    encoding_format "float" (lists of numbers) or "base64" (little-endian float32 bytes)."""
+    import base64
+
+    import numpy as np
+
+    _check_keys(req, {"input", "normalize", "truncate", "encoding_format"})
+    eng = srv.engine
+    _engine_method(srv, "embed")
+    inp = req.get("input")
+    norm, trunc = req.get("normalize", True), req.get("truncate", False)
+    if not isinstance(norm, bool) or not isinstance(trunc, bool):
+        raise InvalidRequest("normalize and truncate must be true or false")
+    fmt = req.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise InvalidRequest(f"encoding_format must be 'float' or 'base64', got {fmt!r}")
+    if _is_ids(inp):
+        inp = [inp]
+    if isinstance(inp, list) and inp and all(_is_ids(x) for x in inp):
+        vecs = _embed_ids(eng, inp, norm)
+        n_tok = sum(len(x) for x in inp)
+    else:
+        vecs = eng.embed(inp if isinstance(inp, list) else [inp] if isinstance(inp, str) else inp,
+                         normalize=norm, truncate=trunc)
+        lim = eng.n_ctx
+        n_tok = sum(min(len(eng.tokenizer.encode(t, add_special=True)), lim) for t in
+                    ([inp] if isinstance(inp, str) else inp))
+    vecs = np.asarray(vecs, dtype=np.float32)
+    if vecs.ndim != 2:
+        raise InvalidRequest("this model gives no single vector per input (pooling none)")
+    if fmt == "base64":
+        data = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vecs]
+    else:
+        data = vecs.tolist()
+    return {"data": data, "encoding_format": fmt, "n_embd": int(vecs.shape[1]),
+            "usage": {"prompt_tokens": n_tok, "total_tokens": n_tok}}
 
 
 def op_score(srv, req, emit):
+    """system1: context + candidates -> log-probabilities and the best candidate."""
+    _check_keys(req, {"context", "candidates", "normalize", "parse_special"})
     fn = _engine_method(srv, "score")
-    return _jsonable(fn(**{k: v for k, v in req.items() if k not in _COMMON}))
+    if "context" not in req or "candidates" not in req:
+        raise InvalidRequest("score needs 'context' and 'candidates'")
+    for k in ("normalize", "parse_special"):
+        if not isinstance(req.get(k, False), bool):
+            raise InvalidRequest(f"{k} must be true or false")
+    return _jsonable(fn(req["context"], req["candidates"], normalize=req.get("normalize", False),
+                        parse_special=req.get("parse_special", False)))
 
 
 def op_classify(srv, req, emit):
+    _check_keys(req, {"text", "labels", "template", "normalize", "chat"})
     fn = _engine_method(srv, "classify")
-    return _jsonable(fn(**{k: v for k, v in req.items() if k not in _COMMON}))
+    for k in ("normalize", "chat"):
+        if not isinstance(req.get(k, False), bool):
+            raise InvalidRequest(f"{k} must be true or false")
+    t = req.get("template")
+    if t is not None and not isinstance(t, str):
+        raise InvalidRequest("template must be a string")
+    return _jsonable(fn(req.get("text"), req.get("labels"), template=t,
+                        normalize=req.get("normalize", False), chat=req.get("chat", False)))
 
 
 def op_info(srv, req, emit):

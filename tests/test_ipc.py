@@ -310,3 +310,51 @@ def test_uds_end_to_end(sockdir):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+# ------------------------------------------------------------------ embeddings over IPC
+MINILM = os.path.join(MODELS, "all-MiniLM-L6-v2.F32.gguf")
+EMB_REF = os.path.join(os.path.dirname(__file__), "data", "embedding_ref_minilm.json.gz")
+
+
+@pytest.mark.skipif(not os.path.exists(MINILM), reason=f"model not found: {MINILM}")
+def test_stdio_embed_matches_sentence_transformers():
+    """Against sentence-transformers' vectors recorded in tests/data/embedding_ref_minilm.json.gz."""
+    import base64
+    import gzip
+
+    import numpy as np
+
+    with gzip.open(EMB_REF) as fh:
+        ref = json.load(fh)
+    n, dim = 4, int(ref["dim"])
+    want = np.frombuffer(base64.b64decode(ref["embeddings_f16"]), dtype="<f2").astype(np.float32)
+    want = want.reshape(-1, dim)[:n]
+    p = _spawn("stdio", "-m", MINILM)
+    r = LineReader(p.stdout.fileno())
+    try:
+        hello = r.event()
+        assert "embed" in hello["ops"]
+
+        def req(obj):
+            p.stdin.write((json.dumps(obj) + "\n").encode())
+            return r.until_done(obj["id"])[1]
+
+        ev = req({"id": 1, "op": "embed", "input": ref["texts"][:n]})
+        got = np.array(ev["result"]["data"], dtype=np.float32)
+        assert got.shape == (n, dim) and ev["result"]["n_embd"] == dim
+        assert np.abs(got - want).max() < 2e-3  # the reference is stored as f16
+        assert ev["result"]["usage"]["prompt_tokens"] == sum(len(i) for i in ref["ids"][:n])
+        ev = req({"id": 2, "op": "embed", "input": ref["ids"][:n], "encoding_format": "base64"})
+        b64 = np.stack([np.frombuffer(base64.b64decode(s), dtype="<f4") for s in ev["result"]["data"]])
+        assert np.abs(b64 - got).max() < 1e-5  # token-id input = the same tokens as the text
+        ev = req({"id": 3, "op": "embed", "input": [[1, 2], "mixed"]})
+        assert ev["event"] == "error" and ev["error"]["category"] == "invalid_request"
+        ev = req({"id": 4, "op": "embed", "input": [[10 ** 9]]})
+        assert ev["event"] == "error" and "out of range" in ev["error"]["message"]
+        ev = req({"id": 5, "op": "embed", "input": "x", "encoding_format": "int8"})
+        assert ev["event"] == "error" and ev["error"]["category"] == "invalid_request"
+        assert req({"id": 6, "op": "health"})["result"]["status"] == "ok"
+    finally:
+        p.stdin.close()
+        assert p.wait(timeout=30) == 0
