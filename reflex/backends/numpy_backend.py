@@ -9,13 +9,40 @@ import numpy as np
 from reflex.backends.base import ROPE_NEOX, ROPE_NORM, Backend
 from reflex.errors import ModelFormatError
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    """erf in float64 without SciPy: Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7, which is below
-    float32 resolution of GELU's output (math.erf per element would cost ~0.2 us each)."""
-    a = np.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    return np.sign(x) * (1.0 - poly * np.exp(-a * a))
+# Abramowitz & Stegun 7.1.26: erf(z) = 1 - t*P(t)*exp(-z^2), t = 1/(1 + p*z), z >= 0; |error| <= 1.5e-7
+_AS_P = np.float32(0.3275911)
+_AS_A = tuple(np.float32(v) for v in (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592))
+_GELU_CHUNK = 1 << 16  # elements per pass: the ~6 temporaries stay in L2
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:
+    """Exact (erf) GELU x * Phi(x) in float32, chunked and in place: ~20x faster than a float64
+    pass, max |error| ~4e-7 against math.erf (SciPy-free; math.erf per element costs ~0.2 us)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty_like(x)
+    xf, of = x.reshape(-1), out.reshape(-1)
+    r2 = np.float32(1.0 / np.sqrt(2.0))
+    for s in range(0, xf.size, _GELU_CHUNK):
+        xs = xf[s:s + _GELU_CHUNK]
+        z = np.abs(xs)
+        z *= r2                                   # z = |x| / sqrt(2)
+        t = z * _AS_P
+        t += np.float32(1.0)
+        np.reciprocal(t, out=t)
+        q = t * _AS_A[0]
+        for a in _AS_A[1:]:
+            q += a
+            q *= t
+        np.square(z, out=z)
+        np.negative(z, out=z)
+        np.exp(z, out=z)
+        z *= q
+        z *= np.float32(0.5)                      # z = Phi(-|x|) = (1 - erf(|x|/sqrt2)) / 2
+        o = of[s:s + _GELU_CHUNK]
+        np.subtract(np.float32(1.0), z, out=o)    # Phi(|x|)
+        np.copyto(o, z, where=xs < 0)             # Phi(x) for negative x
+        o *= xs
+    return out
 
 
 def set_blas_threads(n: int) -> bool:
@@ -156,8 +183,7 @@ class NumpyBackend(Backend):
         return 0.5 * x * (1.0 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
 
     def gelu(self, x):
-        xe = np.asarray(x, dtype=np.float64)
-        return (0.5 * xe * (1.0 + _erf(xe * (1.0 / np.sqrt(2.0))))).astype(np.float32)
+        return _gelu_erf(x)
 
     def layer_norm(self, x, w, b, eps: float):
         mu = np.mean(x, axis=-1, keepdims=True)
