@@ -14,6 +14,9 @@ from reflex.errors import ModelFormatError, UnsupportedArchitecture
 ARCHITECTURES = {
     "llama": "llama",
     "bert": "bert",
+    "gemma3": "gemma3",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
 }
 # other spellings of the same architecture
 ALIASES = {
@@ -21,6 +24,7 @@ ALIASES = {
     "llama3": "llama",
     "smollm": "llama",
     "smollm2": "llama",
+    "gemma3_text": "gemma3",
 }
 
 
