@@ -715,8 +715,10 @@ class GreedyDecoder:
     prefill(ids) runs the prompt and returns the first token (argmax on the device). step(tok)
     runs one token: the first call captures the step into a CUDA graph (after the first token, so
     the first token is never delayed by it) and every later call just replays the graph, whose
-    argmax writes the next token and position into the device state it reads. cache.n is kept in
-    step with the replays."""
+    argmax writes the next token and position into the device state it reads. The host runs one
+    step ahead: as soon as a step's token is read, the next step is already queued (it feeds on
+    the device-side token), so the GPU does not idle while the host streams text. cache.n counts
+    the steps handed out (a run-ahead step that is never asked for only wrote a KV row past it)."""
 
     def __init__(self, backend: CudaBackend, model, cache, use_graph: bool | None = None):
         self.b, self.model, self.cache = backend, model, cache
@@ -727,10 +729,17 @@ class GreedyDecoder:
         self.out = None
         self.capture_s = None
         self._host = np.zeros(4, np.int32)
+        self._ahead = None  # (slot) of a queued step not yet handed out
 
     def prefill(self, ids) -> int:
         logits = self.model.forward(ids, self.cache, last_only=True, output="raw")
         return self.b.argmax_id(logits)
+
+    def _queue(self, slot: int):
+        b = self.b
+        self.graph.launch()
+        b.ctx.d2h_async(self._pin_addr + 4 * slot, self.out.ptr, 4)
+        b.ctx.record(self._ev[slot])
 
     def step(self, tok: int) -> int:
         from reflex.errors import ContextOverflow
@@ -757,9 +766,33 @@ class GreedyDecoder:
                 b.capturing = False
                 graph = b.ctx.end_capture()
             self.graph = graph
+            self._pin_addr, self._pin = b.ctx.pinned_ints(2)
+            self._ev = [b.ctx.event(), b.ctx.event()]
+            self._slot = 0
+            self._queue(0)
             self.capture_s = time.perf_counter() - t0
+        elif self._ahead is None:
+            c.n += 1
+            self._slot ^= 1
+            self._queue(self._slot)
         else:
             c.n += 1
-        self.graph.launch()
-        b.ctx.d2h(self._host.ctypes.data, self.out.ptr, 4)
-        return int(self._host[0])
+            self._slot = self._ahead
+        slot = self._slot
+        self._ahead = None
+        if c.n + 1 <= c.n_ctx:  # queue the next step before waiting for this one's token
+            self._ahead = slot ^ 1
+            self._queue(slot ^ 1)
+        b.ctx.wait(self._ev[slot])
+        return int(self._pin[slot])
+
+    def __del__(self):
+        if self.graph is None:
+            return
+        try:
+            self.b.ctx.synchronize()  # a run-ahead step may still copy into the pinned slots
+            drv._fn("cuMemFreeHost")(drv._c.c_void_p(self._pin_addr))
+            for e in self._ev:
+                drv._fn("cuEventDestroy_v2")(e)
+        except Exception:
+            pass

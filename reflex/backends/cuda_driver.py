@@ -196,6 +196,27 @@ class Context:
     def synchronize(self):
         check(self._sync(self.stream), "cuStreamSynchronize")
 
+    def pinned_ints(self, n: int):
+        """n int32 of page-locked host memory (asynchronous device->host copies land there)."""
+        p = _c.c_void_p()
+        check(_fn("cuMemAllocHost_v2")(_c.byref(p), _c.c_size_t(4 * n)), "cuMemAllocHost")
+        return p.value, (_c.c_int32 * n).from_address(p.value)
+
+    def d2h_async(self, dst_addr: int, src: int, nbytes: int):
+        check(self._d2h(_c.c_void_p(dst_addr), _c.c_uint64(src), _c.c_size_t(nbytes), self.stream),
+              "cuMemcpyDtoHAsync")
+
+    def event(self):
+        e = _c.c_void_p()
+        check(_fn("cuEventCreate")(_c.byref(e), 2), "cuEventCreate")  # CU_EVENT_DISABLE_TIMING
+        return e
+
+    def record(self, e):
+        check(_fn("cuEventRecord")(e, self.stream), "cuEventRecord")
+
+    def wait(self, e):
+        check(_fn("cuEventSynchronize")(e), "cuEventSynchronize")
+
     def mem_info(self) -> tuple[int, int]:
         free, total = _c.c_size_t(), _c.c_size_t()
         check(_fn("cuMemGetInfo_v2")(_c.byref(free), _c.byref(total)), "cuMemGetInfo")
