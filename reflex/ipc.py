@@ -255,7 +255,8 @@ class Server:
                 "name": e.gguf.get("general.name", None),
                 "architecture": e.gguf.get("general.architecture", None),
                 "n_ctx": e.n_ctx, "n_ctx_train": getattr(hp, "n_ctx_train", None),
-                "n_vocab": getattr(hp, "n_vocab", None), "chat_template": e.template is not None,
+                "n_vocab": getattr(hp, "n_vocab", None), "n_embd": getattr(hp, "n_embd", None),
+                "chat_template": e.template is not None,
                 "backend": self.backend, "load_timings": e.load_timings, "ops": self.ops(),
                 "pid": os.getpid()}
 
