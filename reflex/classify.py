@@ -24,7 +24,7 @@ import numpy as np
 
 from reflex.errors import InvalidRequest
 
-DEFAULT_TEMPLATE = "Text: {text}\nOptions: {labels}\nAnswer:"
+DEFAULT_TEMPLATE = "{text}\nCategory ({labels}):"
 
 
 @dataclasses.dataclass

@@ -24,9 +24,11 @@ encode(context + candidate) and the candidate adds at least one token; otherwise
 across the boundary changed the context's last tokens) encode(candidate) without special tokens.
 Token-id inputs (lists of ints) are used as given.
 
-Sliding-window models: a mask overrides the backend's window, so where a model attends through a
-sliding window narrower than the context plus candidates, scoring falls back to one cached
-context prefill followed by one causal forward per candidate (same numbers, N+1 forwards).
+Sliding-window models: models whose KV cache records each slot's RoPE position
+(reflex/models/_common.KVCache: gemma3, qwen2, qwen3) apply the window on positions under the
+tree mask themselves. For the others a mask overrides the backend's window (on slots), so where
+the window is narrower than the context plus candidates, scoring falls back to one cached context
+prefill followed by one causal forward per candidate (same numbers, N+1 forwards).
 """
 from __future__ import annotations
 
@@ -203,13 +205,13 @@ def score_ids(model, ctx: list, cands: list) -> list:
     """Per-token log-probs (list of float64 arrays) of each candidate id list after ctx, one forward."""
     C = len(ctx)
     tree = build_tree(C, cands)
-    W = _window(model)
-    max_len = max(len(c) for c in cands)
-    if W and C + max_len - 1 > W:
-        return _score_sequential(model, ctx, cands)
     ids = np.asarray(list(ctx) + tree.tokens, dtype=np.int64)     # (T,)
     T = ids.shape[0]
     cache = model.new_cache(T)
+    W = _window(model)
+    if W and C + max(len(c) for c in cands) - 1 > W and not hasattr(cache, "pos"):
+        # this model's window is the backend's (on slots), which a mask overrides
+        return _score_sequential(model, ctx, cands)
     has_head = callable(getattr(model, "lm_head", None)) or hasattr(model, "output")
     out = model.forward(ids, cache, positions=tree.positions(), attn_mask=tree.mask(),
                         output="hidden" if has_head else "logits")
