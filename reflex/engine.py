@@ -174,7 +174,7 @@ class Engine:
         from reflex.embed import embed
 
         v, _ = embed(self.model, self.tokenizer, texts, normalize=normalize, truncate=truncate,
-                     n_ctx=self.n_ctx)
+                     n_ctx=self.n_ctx, metadata=self.gguf.metadata)
         return v[0] if isinstance(texts, str) else v
 
     # ---------------------------------------------------------------- internals
