@@ -31,12 +31,15 @@ POOLING_NAMES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 PACK_TOKENS = 4096  # tokens per packed forward: big enough for BLAS, small enough for the cache
 
 
-def pooling_of(model, pooling=None) -> int:
-    """The pooling to use: an explicit name/number, else the model's `{arch}.pooling_type`."""
+def pooling_of(model, pooling=None, metadata=None) -> int:
+    """The pooling to use: an explicit name/number, else the model's `{arch}.pooling_type`
+    (from its hparams, or from the GGUF metadata for decoders whose hparams do not keep it)."""
     if pooling is None:
         p = getattr(model.hp, "pooling_type", None)
         if p is None:
             p = getattr(model, "pooling_type", None)
+        if p is None and metadata is not None:
+            p = metadata.get(f"{model.arch}.pooling_type", None)
         if p is None:
             raise InvalidRequest(f"model ({model.arch}) declares no {model.arch}.pooling_type; "
                                  f"it is not an embedding model (pass pooling= to force one)")
@@ -137,13 +140,13 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
 
 
 def embed(model, tokenizer, texts, normalize: bool = True, truncate: bool = False, pooling=None,
-          n_ctx: int | None = None):
+          n_ctx: int | None = None, metadata=None):
     """Embed texts -> (vectors, info).
 
     vectors: (N, n_embd) float32 (a list of (T_i, n_embd) arrays for NONE pooling);
     info: {"n_tokens": [T_i], "pooling": int}."""
     texts = _texts(texts)
-    p = pooling_of(model, pooling)
+    p = pooling_of(model, pooling, metadata)
     if p == POOLING_RANK:
         raise InvalidRequest("this model has a classifier head (RANK pooling): use classify_head()")
     if not isinstance(normalize, bool) or not isinstance(truncate, bool):

@@ -85,9 +85,14 @@ def b64_f16(x) -> str:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--src", help="all-MiniLM-L6-v2 folder (default: from the pinned wheel)")
-    ap.add_argument("--only", choices=["minilm", "cls"], help="make only one of the reference sets")
+    ap.add_argument("--only", choices=["minilm", "cls", "decoders"], help="make only one of the reference sets")
     args = ap.parse_args()
-    if args.only != "minilm":
+    if args.only in (None, "decoders"):
+        lines = (DATA / "tokenizer_corpus.txt").read_text(encoding="utf-8").split("\n")
+        make_decoder_fixtures(prose_lines(lines)[:12])
+        if args.only == "decoders":
+            return
+    if args.only in (None, "cls"):
         lines = (DATA / "tokenizer_corpus.txt").read_text(encoding="utf-8").split("\n")
         make_cls_fixture(prose_lines(lines)[:24] + ["ok"])
         if args.only == "cls":
@@ -228,6 +233,90 @@ def make_cls_fixture(texts):
                "ids": ids, "probs": probs, "logits_no_pooler": logits_nopool},
               open(DATA / "bert_cls_ref.json", "w"), indent=0)
     print(f"classifier fixture: {len(texts)} texts")
+
+
+# ---------------------------------------------------------------- decoder embedding fixtures
+def _smollm2_tokenizer(out: Path):
+    """SmolLM2's tokenizer as transformers saves it from the GGUF (llama.cpp's converter knows
+    its pre-tokenizer, `smollm`)."""
+    from transformers import AutoTokenizer
+
+    from reflex.store import resolve
+
+    p = resolve("smollm2")
+    AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name).save_pretrained(str(out))
+
+
+def make_decoder_fixtures(texts):
+    """tests/data/qwen3_embed_tiny.gguf (Qwen3-Embedding style: causal, LAST pooling) and
+    tests/data/llama_embed_tiny.gguf (llama-embed / Nemotron style: bidirectional, MEAN pooling),
+    random 2-layer models converted by llama.cpp's converter (F16), with transformers' normalized
+    embeddings in decoder_embed_ref.json."""
+    import os
+
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaModel, Qwen3Config, Qwen3Model
+
+    conv = ROOT / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+    env = dict(os.environ, PYTHONPATH=str(conv.parent / "gguf-py"))
+    out = {"texts": texts}
+    with tempfile.TemporaryDirectory() as tmp:
+        tok_dir = Path(tmp) / "tok"
+        _smollm2_tokenizer(tok_dir)
+        tok = AutoTokenizer.from_pretrained(str(tok_dir))
+        n_vocab = len(tok)
+        common = dict(vocab_size=n_vocab, hidden_size=16, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                      tie_word_embeddings=True, rms_norm_eps=1e-6)
+        specs = {
+            "qwen3": (Qwen3Model, Qwen3Config(head_dim=8, rope_theta=1000000.0, **common),
+                      ["Qwen3ForCausalLM"], {"pooling_mode_lasttoken": True}, True),
+            "llama_embed": (LlamaModel, LlamaConfig(rope_theta=10000.0, **common),
+                            ["LlamaBidirectionalModel"], {"pooling_mode_mean_tokens": True}, False),
+        }
+        for name, (cls, cfg, archs, pool, causal) in specs.items():
+            torch.manual_seed(1)
+            m = cls(cfg).eval()
+            with torch.no_grad():
+                for p in m.parameters():
+                    if p.dim() > 1:
+                        p.normal_(0, 0.2)
+            d = Path(tmp) / name
+            m.save_pretrained(str(d), safe_serialization=True)
+            c = json.loads((d / "config.json").read_text())
+            c["architectures"] = archs
+            (d / "config.json").write_text(json.dumps(c))
+            for f in tok_dir.iterdir():
+                (d / f.name).write_bytes(f.read_bytes())
+            (d / "modules.json").write_text(json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling",
+                                                         "type": "sentence_transformers.models.Pooling"}]))
+            (d / "1_Pooling").mkdir()
+            (d / "1_Pooling" / "config.json").write_text(json.dumps(dict(pool, word_embedding_dimension=16)))
+            ids = [tok(t)["input_ids"] for t in texts]
+            embs = []
+            with torch.no_grad():
+                for i in ids:
+                    x = torch.tensor([i])
+                    if causal:
+                        h = m(x).last_hidden_state[0]
+                        v = h[-1]
+                    else:  # bidirectional: an all-visible additive 4-D mask
+                        mask = torch.zeros(1, 1, len(i), len(i))
+                        h = m(x, attention_mask=mask).last_hidden_state[0]
+                        v = h.mean(0)
+                    embs.append(torch.nn.functional.normalize(v, dim=0).tolist())
+            # the reference must really be bidirectional (or causal): a check of the check
+            if not causal:
+                with torch.no_grad():
+                    hc = m(torch.tensor([ids[0]])).last_hidden_state[0].mean(0)
+                assert float(torch.nn.functional.cosine_similarity(hc, torch.tensor(embs[0]), dim=0)) < 0.9999
+            dst = DATA / ("qwen3_embed_tiny.gguf" if causal else "llama_embed_tiny.gguf")
+            subprocess.run([sys.executable, str(conv), str(d), "--outfile", str(dst), "--outtype", "f16"],
+                           check=True, env=env, capture_output=True)
+            out[name] = {"reference": f"transformers {cls.__name__}", "ids": ids, "embeddings": embs,
+                         "pooling": "last" if causal else "mean", "causal": causal}
+    json.dump(out, open(DATA / "decoder_embed_ref.json", "w"))
+    print(f"decoder fixtures: {len(texts)} texts")
 
 
 if __name__ == "__main__":

@@ -86,8 +86,8 @@ def test_normalize_and_pooling(engine, ref):
 
 
 def test_packing_matches_one_by_one(engine, ref):
-    seqs = ref["ids"][:40]
-    packed = hidden_states(engine.model, seqs, pack_tokens=300)  # several packs of several sequences
+    seqs = ref["ids"][:12]
+    packed = hidden_states(engine.model, seqs, pack_tokens=100)  # several packs of several sequences
     for s, h in zip(seqs, packed):
         assert np.allclose(h, engine.model.forward(s, None, output="hidden"), atol=1e-4)
 
@@ -192,3 +192,36 @@ def test_no_head_is_invalid_request(engine):
     assert not has_head(engine.model)
     with pytest.raises(InvalidRequest, match="no classifier head"):
         classify_head(engine, "text")
+
+
+# ---------------------------------------------------------------- decoder embedders
+@pytest.fixture(scope="module")
+def dec_ref():
+    return json.load(open(DATA / "decoder_embed_ref.json"))
+
+
+@pytest.mark.parametrize("name,path", [("qwen3", "qwen3_embed_tiny.gguf"), ("llama_embed", "llama_embed_tiny.gguf")])
+def test_decoder_embedders_match_transformers(name, path, dec_ref):
+    """Random 2-layer models converted by llama.cpp's converter (F16, committed): qwen3 with LAST
+    pooling (causal, Qwen3-Embedding style) and llama-embed with MEAN pooling (bidirectional,
+    Nemotron-embed style); references from transformers' Qwen3Model / LlamaModel (the latter with
+    an all-visible mask), recorded by scripts/make_embedding_refs.py."""
+    from reflex.engine import Engine
+
+    r = dec_ref[name]
+    with Engine(str(DATA / path)) as e:
+        assert [e.tokenizer.encode(t) for t in dec_ref["texts"]] == r["ids"]
+        v, info = embed(e.model, e.tokenizer, dec_ref["texts"], metadata=e.gguf.metadata)
+        assert info["pooling"] == (3 if r["pooling"] == "last" else 1)
+        ref = np.array(r["embeddings"])
+        assert (v * ref).sum(1).min() >= 0.9999
+        assert np.allclose(e.embed(dec_ref["texts"][:2]), v[:2], atol=1e-6)
+        # the other pooling, or causal attention for the bidirectional model, is measurably off
+        other = "mean" if r["pooling"] == "last" else "last"
+        w, _ = embed(e.model, e.tokenizer, dec_ref["texts"], pooling=other)
+        assert (w * ref).sum(1).min() < 0.999
+        if name == "llama_embed":
+            ids = r["ids"][0]
+            causal = np.tril(np.ones((len(ids), len(ids)), bool))
+            h = e.model.forward(ids, e.model.new_cache(len(ids)), attn_mask=causal, output="hidden").mean(0)
+            assert float(h @ ref[0]) / np.linalg.norm(h) < 0.9999

@@ -26,7 +26,7 @@ def run(args) -> int:
     with Engine(args.model, backend=args.backend) as eng:
         t1 = time.perf_counter()
         vecs, info = embed(eng.model, eng.tokenizer, texts, normalize=not args.no_normalize,
-                           truncate=args.truncate, n_ctx=eng.n_ctx)
+                           truncate=args.truncate, n_ctx=eng.n_ctx, metadata=eng.gguf.metadata)
         t2 = time.perf_counter()
     timings = {"load_s": round(t1 - t0, 6), "embed_s": round(t2 - t1, 6)}
     rows = [v.tolist() for v in vecs]
