@@ -179,12 +179,20 @@ def build_tree(n_ctx_tokens: int, cands: list) -> Tree:
 
 
 # ---------------------------------------------------------------- scoring
+def _log_normalizer(logits: np.ndarray) -> np.ndarray:
+    """logsumexp of each row (R, n_vocab) -> (R,) float64. exp runs in float32 in place (a
+    262k-token vocab makes a float64 copy the slowest step); the sums accumulate in float64."""
+    x = np.array(logits, dtype=np.float32)                     # (R, n_vocab), owned
+    mx = x.max(axis=-1, keepdims=True)
+    np.subtract(x, mx, out=x)
+    np.exp(x, out=x)
+    return mx[:, 0].astype(np.float64) + np.log(x.sum(axis=-1, dtype=np.float64))
+
+
 def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """log softmax(logits[r])[targets[r]] per row, in float64."""
-    x = np.asarray(logits, dtype=np.float64)                   # (R, n_vocab)
-    mx = x.max(axis=-1, keepdims=True)
-    lse = mx[:, 0] + np.log(np.exp(x - mx).sum(axis=-1))
-    return x[np.arange(x.shape[0]), targets] - lse
+    picked = np.asarray(logits)[np.arange(len(targets)), targets].astype(np.float64)
+    return picked - _log_normalizer(logits)
 
 
 def _head(model, hidden: np.ndarray) -> np.ndarray:
@@ -221,8 +229,9 @@ def score_ids(model, ctx: list, cands: list) -> list:
         row_list.extend(r)
         tgt_list.extend(c)
     uniq, inv = np.unique(np.asarray(row_list), return_inverse=True)
-    logits = _head(model, out[uniq]) if has_head else out[uniq]   # (R, n_vocab)
-    lp = _log_softmax_at(logits[inv], np.asarray(tgt_list, dtype=np.int64))
+    logits = _head(model, out[uniq]) if has_head else out[uniq]   # (R, n_vocab), R distinct rows
+    tgt = np.asarray(tgt_list, dtype=np.int64)
+    lp = logits[inv, tgt].astype(np.float64) - _log_normalizer(logits)[inv]
     res, o = [], 0
     for c in cands:
         res.append(lp[o:o + len(c)])
