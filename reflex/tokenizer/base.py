@@ -5,6 +5,8 @@ from typing import Iterable, Mapping
 
 import regex
 
+from .strtable import StrTable
+
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
 _EOG_TEXTS = (
@@ -111,7 +113,8 @@ class BaseTokenizer:
 
     def __init__(self, md: Mapping):
         self.md = md
-        self.tokens = fast_strings(md["tokenizer.ggml.tokens"])
+        # kept as the file's bytes; str -> id through the table's index until lookups get hot
+        self.tokens = StrTable(md["tokenizer.ggml.tokens"])
         self.n_vocab = len(self.tokens)
         tt = _get(md, "tokenizer.ggml.token_type")
         self.token_types = tt
@@ -129,8 +132,10 @@ class BaseTokenizer:
         self._eog = None
 
     def prepare(self):
-        """Build lookup tables now instead of on first use."""
-        self.vocab
+        """Build the lookup index now instead of on first use (not the full str -> id dict: that
+        is built only once lookups get hot, see StrTable)."""
+        if self.tokens._bytes:
+            self.tokens._index()
         self._splitter(True)
         self._prepare_model()
         return self
@@ -142,11 +147,22 @@ class BaseTokenizer:
     @property
     def vocab(self) -> dict:
         if self._vocab is None:
-            self._vocab = dict(zip(self.tokens, range(self.n_vocab)))
+            self._vocab = dict(zip(self.tokens.tolist(), range(self.n_vocab)))
         return self._vocab
 
+    def _vget(self):
+        """The str -> id lookup to use now: the dict once built (or once the index got hot)."""
+        if self._vocab is None and self.tokens.hot:
+            self.vocab
+        if self._vocab is not None:
+            return self._vocab.get
+        return self._lazy_get()
+
+    def _lazy_get(self):
+        return self.tokens.get
+
     def id_of(self, text: str):
-        return self.vocab.get(text)
+        return self._vget()(text)
 
     def token_to_piece(self, i: int) -> str:
         return self.piece_bytes(i).decode("utf-8", "replace")
@@ -192,10 +208,11 @@ class BaseTokenizer:
     def eog_ids(self) -> set:
         if self._eog is None:
             s = {i for i in (self.eos_id, self.eot_id) if i is not None}
-            v = self.vocab
+            get = self._vget()
             for t in _EOG_TEXTS:
-                if t in v:
-                    s.add(v[t])
+                i = get(t)
+                if i is not None:
+                    s.add(i)
             self._eog = s
         return self._eog
 

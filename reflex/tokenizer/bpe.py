@@ -5,7 +5,8 @@ from typing import Mapping
 
 import regex
 
-from .base import BaseTokenizer, _get, fast_strings
+from .base import BaseTokenizer, _get
+from .strtable import StrTable
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3 = (
@@ -74,9 +75,9 @@ class BPETokenizer(BaseTokenizer):
 
     def __init__(self, md: Mapping, pre: str | None = None):
         super().__init__(md)
-        self.merges = fast_strings(md["tokenizer.ggml.merges"]) if "tokenizer.ggml.merges" in md else []
+        self.merges = StrTable(md["tokenizer.ggml.merges"] if "tokenizer.ggml.merges" in md else [])
         self.pre = pre or _get(md, "tokenizer.ggml.pre", "default") or "default"
-        self._ranks = None
+        self._ranks = None  # "a b" -> rank dict, built once merge lookups get hot (StrTable)
         self._pats = None
         self._cache = {}
         self._piece_cache = {}
@@ -115,13 +116,17 @@ class BPETokenizer(BaseTokenizer):
         return pieces
 
     def _prepare_model(self):
-        if self._ranks is None:
-            self._ranks = dict(zip(self.merges, range(len(self.merges))))
+        if self.merges._bytes:
+            self.merges._index()
         self._pretok()
 
+    def _rget(self):
+        """rank of the merge "a b": the merges' dict once built, their index until then."""
+        if self._ranks is None and self.merges.hot:
+            self._ranks = self.merges.as_dict()
+        return self._ranks.get if self._ranks is not None else self.merges.get
+
     def _encode_text(self, text: str, at_start: bool) -> list:
-        if self._ranks is None:
-            self._ranks = dict(zip(self.merges, range(len(self.merges))))
         cache = self._cache
         out = []
         tbl = self._byte_table
@@ -136,14 +141,14 @@ class BPETokenizer(BaseTokenizer):
         return out
 
     def _bpe(self, word: list) -> list:
-        ranks = self._ranks
-        vocab = self.vocab
+        rget = self._rget()
+        vget = self._vget()
         if len(word) > 1:
             while True:
                 best = None
                 br = 1 << 60
                 for i in range(len(word) - 1):
-                    r = ranks.get(word[i] + " " + word[i + 1])
+                    r = rget(word[i] + " " + word[i + 1])
                     if r is not None and r < br:
                         br = r
                         best = i
@@ -166,10 +171,10 @@ class BPETokenizer(BaseTokenizer):
                     break
         out = []
         for s in word:
-            i = vocab.get(s)
+            i = vget(s)
             if i is None:
                 for ch in s:
-                    j = vocab.get(ch)
+                    j = vget(ch)
                     if j is not None:
                         out.append(j)
                     elif self.unk_id is not None:

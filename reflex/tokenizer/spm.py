@@ -31,6 +31,7 @@ class SPMTokenizer(BaseTokenizer):
         self._rank = None
         self._bytes_ids = None
         self._piece_cache = {}
+        self._resp = None  # gemma's whitespace respelling for the lazy lookup: (extra, gone)
 
     def _matchable_user(self, i: int) -> bool:
         t = self.tokens[i]
@@ -40,7 +41,7 @@ class SPMTokenizer(BaseTokenizer):
     def vocab(self) -> dict:
         if self._vocab is None:
             toks = self.tokens
-            v = dict(zip(toks, range(self.n_vocab)))
+            v = dict(zip(toks.tolist(), range(self.n_vocab)))
             if self.gemma:
                 # whitespace-run tokens are user-defined (type 4); respell "  " as "▁▁"
                 ctrl, user = self._special_sets()
@@ -53,11 +54,41 @@ class SPMTokenizer(BaseTokenizer):
             self._vocab = v
         return self._vocab
 
+    def _respelling(self):
+        """The changes `vocab` makes to dict(zip(tokens, ids)), for lookups before it exists:
+        extra {"▁▁": id} and the deleted keys ("  ")."""
+        if self._resp is None:
+            extra, gone = {}, set()
+            if self.gemma:
+                ctrl, user = self._special_sets()
+                toks = self.tokens
+                for i in sorted(user):
+                    t = toks[i]
+                    if " " in t and not t.strip():
+                        if toks.get(t) == i:
+                            gone.add(t)
+                        extra[SPACE * len(t)] = i
+            self._resp = (extra, gone)
+        return self._resp
+
+    def _lazy_get(self):
+        extra, gone = self._respelling()
+        base = self.tokens.get
+        if not extra and not gone:
+            return base
+
+        def get(s, default=None):
+            i = extra.get(s)
+            if i is not None:
+                return i
+            return default if s in gone else base(s, default)
+        return get
+
     def id_of(self, text: str):
-        v = self.vocab
-        i = v.get(text)
+        get = self._vget()
+        i = get(text)
         if i is None and self.gemma and text and not text.strip(" "):
-            i = v.get(SPACE * len(text))
+            i = get(SPACE * len(text))
         return i
 
     def _ranks(self):
@@ -85,7 +116,7 @@ class SPMTokenizer(BaseTokenizer):
         if not hasattr(self, "_seg"):
             import regex
 
-            big = "\x00".join(self.tokens)
+            big = "\x00".join(self.tokens.tolist())
             crossing = []
             for m in regex.finditer("[^\x00▁]▁", big):
                 if len(crossing) > 64:
@@ -104,8 +135,8 @@ class SPMTokenizer(BaseTokenizer):
 
     def _byte_ids(self):
         if self._bytes_ids is None:
-            v = self.vocab
-            self._bytes_ids = [v.get("<0x%02X>" % b, self.unk_id) for b in range(256)]
+            get = self._vget()
+            self._bytes_ids = [get("<0x%02X>" % b, self.unk_id) for b in range(256)]
         return self._bytes_ids
 
     def _encode_text(self, text: str, at_start: bool) -> list:
@@ -132,7 +163,6 @@ class SPMTokenizer(BaseTokenizer):
     def _bpe(self, text: str) -> list:
         if not text:
             return []
-        vocab = self.vocab
         if not hasattr(self, "_rank_ready"):
             self._ranks()
         rank = self._rank
@@ -141,7 +171,7 @@ class SPMTokenizer(BaseTokenizer):
         nxt = list(range(1, n + 1))
         prv = list(range(-1, n - 1))
         heap = []
-        get = vocab.get
+        get = self._vget()
         for i in range(n - 1):
             t = get(sym[i] + sym[i + 1])
             if t is not None:
