@@ -195,8 +195,10 @@ class BaseTokenizer:
         if self._split_any is None:
             ctrl, user = self._special_sets()
             toks = self.tokens
-            u = [(toks[i], i) for i in sorted(user) if toks[i] and self._matchable_user(i)]
-            c = [(toks[i], i) for i in sorted(ctrl) if toks[i] and self._matchable_ctrl(i)]
+            ui, ci = sorted(user), sorted(ctrl)
+            names = dict(zip(ui + ci, toks.strings(ui + ci)))  # one bulk decode, not 2-3 per id
+            u = [(names[i], i) for i in ui if names[i] and self._matchable_user(i)]
+            c = [(names[i], i) for i in ci if names[i] and self._matchable_ctrl(i)]
             self._split_any = _SpecialMatcher(u + c) if (u or c) else False
             self._split_user = _SpecialMatcher(u) if u else False
         return self._split_any if parse_special else self._split_user

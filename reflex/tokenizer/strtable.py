@@ -69,8 +69,11 @@ class StrTable(Sequence):
         """Sorted keys (n,) and the string index of each, stable (equal keys in index order)."""
         if self._sorted is None:
             raw, o, L = self._raw, self._o, self._lens
-            pad = np.zeros(raw.size + 8, np.uint8)
-            pad[:raw.size] = raw
+            if len(self._buf) >= self._start + raw.size + 8:   # the file goes on: read past the end
+                pad = np.frombuffer(self._buf, np.uint8, raw.size + 8, self._start)
+            else:
+                pad = np.zeros(raw.size + 8, np.uint8)
+                pad[:raw.size] = raw
             win = np.lib.stride_tricks.as_strided(pad, shape=(raw.size + 1, 8), strides=(1, 1))
             first = win[o].view("<u8").reshape(-1)          # 8 bytes from each start
             nb = np.minimum(L, 8).astype(np.uint64) * np.uint64(8)
@@ -118,6 +121,24 @@ class StrTable(Sequence):
                 raise ModelFormatError("string is not valid UTF-8", kind="bad_utf8",
                                        offset=self._start + int(self._o[j]) + e.start) from None
         return s
+
+    def strings(self, ids) -> list:
+        """[self[i] for i in ids], decoded in one loop (and cached for later self[i])."""
+        if self._strs is not None:
+            return [self._strs[i] for i in ids]
+        cache, buf, base = self._cache, self._buf, self._start
+        o, L = self._o, self._lens
+        out = []
+        for i in ids:
+            s = cache.get(i)
+            if s is None:
+                a = base + int(o[i])
+                try:
+                    s = cache[i] = str(buf[a:a + int(L[i])], "utf-8")
+                except UnicodeDecodeError:
+                    s = self[i]  # raises the categorized error
+            out.append(s)
+        return out
 
     def tolist(self) -> list:
         if self._strs is None:
