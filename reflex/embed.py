@@ -13,14 +13,17 @@ Vectors are L2-normalized unless normalize=False.
 
 Throughput: a bidirectional encoder (bert) gets several sequences packed into one forward (sorted
 by length, up to PACK_TOKENS tokens): one big matmul per weight instead of one per text, with
-attention kept inside each sequence (the block-diagonal mask, computed block by block). Causal
-decoders run one sequence per forward.
+attention kept inside each sequence (the block-diagonal mask, computed block by block); on the
+NumPy backend the packs run on one thread per core (see hidden_states). Causal decoders run one
+sequence per forward.
 
 Inputs longer than the model's context raise ContextOverflow unless truncate=True, which keeps the
 first tokens and the closing special token (as HF tokenizers truncate). Empty input is an
 InvalidRequest; nothing is computed for a request that fails validation.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -90,37 +93,72 @@ def tokenize(tokenizer, texts, limit: int, truncate: bool) -> list:
     return out
 
 
+def _n_workers() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    env = os.environ.get("REFLEX_NUM_THREADS")
+    return max(1, int(env) if env and env.isdigit() else n)
+
+
+def _packs(seqs: list, budget: int) -> list:
+    """Index lists, sequences sorted by length, each pack <= budget tokens (or one sequence)."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    packs, cur, n = [], [], 0
+    for i in order:
+        L = len(seqs[i])
+        if cur and n + L > budget:
+            packs.append(cur)
+            cur, n = [], 0
+        cur.append(i)
+        n += L
+    if cur:
+        packs.append(cur)
+    return packs
+
+
 def hidden_states(model, seqs: list, pack_tokens: int = PACK_TOKENS) -> list:
-    """Final hidden states (T_i, n_embd) for each id list, packed where the model allows it."""
+    """Final hidden states (T_i, n_embd) for each id list, packed where the model allows it.
+
+    On the NumPy backend with several cores, packs run on one Python thread per core with BLAS
+    at 1 thread (NumPy's elementwise ops are single-threaded and release the GIL): all ops use
+    every core, and a shared machine does not stall OpenBLAS's spinning thread team."""
     out = [None] * len(seqs)
-    if getattr(model, "supports_packing", False):
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-        batch: list = []
-        n = 0
-
-        def flush():
-            if not batch:
-                return
-            ids = [t for i in batch for t in seqs[i]]
-            lens = [len(seqs[i]) for i in batch]
-            h = model.forward(ids, None, output="hidden", seq_lens=lens)  # (sum T_i, n_embd)
-            s = 0
-            for i, L in zip(batch, lens):
-                out[i] = h[s:s + L]
-                s += L
-
-        for i in order:
-            L = len(seqs[i])
-            if batch and n + L > pack_tokens:
-                flush()
-                batch, n = [], 0
-            batch.append(i)
-            n += L
-        flush()
+    if not getattr(model, "supports_packing", False):
+        for i, ids in enumerate(seqs):
+            cache = model.new_cache(len(ids))
+            out[i] = model.forward(ids, cache, output="hidden")                   # (T_i, n_embd)
         return out
-    for i, ids in enumerate(seqs):
-        cache = model.new_cache(len(ids))
-        out[i] = model.forward(ids, cache, output="hidden")                   # (T_i, n_embd)
+    workers = _n_workers() if getattr(model.backend, "name", "") == "numpy" else 1
+    total = sum(len(s) for s in seqs)
+    budget = pack_tokens if workers == 1 else min(pack_tokens, max(512, -(-total // workers)))
+    packs = _packs(seqs, budget)
+
+    def run(pack):
+        ids = [t for i in pack for t in seqs[i]]
+        lens = [len(seqs[i]) for i in pack]
+        h = model.forward(ids, None, output="hidden", seq_lens=lens)  # (sum T_i, n_embd)
+        s = 0
+        for i, L in zip(pack, lens):
+            out[i] = h[s:s + L]
+            s += L
+
+    if workers > 1 and len(packs) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from reflex.backends.numpy_backend import set_blas_threads
+
+        set_blas_threads(1)
+        try:
+            with ThreadPoolExecutor(min(workers, len(packs))) as ex:
+                list(ex.map(run, packs))
+        finally:
+            env = os.environ.get("REFLEX_NUM_THREADS") or os.environ.get("OPENBLAS_NUM_THREADS")
+            set_blas_threads(int(env) if env and env.isdigit() else (os.cpu_count() or 1))
+    else:
+        for pack in packs:
+            run(pack)
     return out
 
 
