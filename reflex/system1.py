@@ -261,6 +261,9 @@ def score(model, tokenizer, context, candidates, *, normalize: bool = False, n_c
     n_ctx: the largest context + longest-candidate length allowed (default: the model's training
     context); longer is a ContextOverflow."""
     t0 = time.perf_counter()
+    if not hasattr(model, "new_cache") or getattr(model.hp, "causal", True) is False:
+        raise InvalidRequest(f"system1 needs a causal language model; {model.hp.arch!r} here is an "
+                             f"embedding/classifier model")
     if isinstance(candidates, (str, bytes)) or not isinstance(candidates, (list, tuple)):
         raise InvalidRequest("candidates must be a list")
     if not candidates:

@@ -253,6 +253,17 @@ def test_engine_score():
     assert r.best_text == " Paris"
 
 
+def test_embedding_model_is_invalid_request():
+    from reflex.engine import Engine
+
+    path = os.path.join(HERE, "data", "bert_cls_tiny_lcpp.gguf")
+    if not os.path.exists(path):
+        pytest.skip("classifier fixture missing")
+    with Engine(path) as eng:
+        with pytest.raises(InvalidRequest, match="causal"):
+            eng.score("some text", [" a"])
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "reflex", *args], capture_output=True, text=True, timeout=300)
 
