@@ -221,7 +221,10 @@ def create_app(cfg: Config, manage_engines: bool = True) -> FastAPI:
         if first.get("type") == "json_invalid":
             return JSONResponse(APIError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', '')}"
                                          .rstrip(": "), code="invalid_json").body(), status_code=400)
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        # drop pydantic's union-member tags (e.g. "str", "list[ContentPart]") from the field path
+        tags = {"str", "int", "float", "bool", "none", "dict"}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"
+               and not (isinstance(x, str) and (x in tags or "[" in x or "-" in x))]
         param = ".".join(loc) or None
         msg = f"{param}: {first.get('msg')}" if param else str(first.get("msg", "invalid request"))
         return JSONResponse(APIError(400, msg, param=param).body(), status_code=400)

@@ -6,7 +6,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-Number = Union[StrictInt, StrictFloat]
+Number = StrictFloat  # strict: accepts ints, refuses strings and bools
 
 
 class _Req(BaseModel):
