@@ -16,7 +16,7 @@ from rag.retrieve import cite, search
 DEFAULT_CHAT_MODEL = "smollm2"
 # cosine of all-MiniLM-L6-v2 below which a chunk is taken as unrelated; chosen from the score
 # distributions of on-topic and off-topic questions on python3-doc (docs/benchmarks.md, "RAG")
-DEFAULT_MIN_SCORE = 0.35
+DEFAULT_MIN_SCORE = 0.36
 DEFAULT_K = 4
 SYSTEM = ("You answer questions using only the numbered sources given. After each fact, cite its "
           "source number in square brackets, like [1]. If the sources do not contain the answer, "
