@@ -28,6 +28,11 @@ class Config:
     max_body_bytes: int = 1 << 20
     max_prompt_chars: int = 200_000
     slots: dict = field(default_factory=dict)     # served model name -> EngineSlot
+    # retrieval: served alias -> (index name, chat slot name); the embedding slot; indexes dir
+    rag_aliases: dict = field(default_factory=dict)
+    rag_embed: str | None = None
+    indexes_dir: str | None = None
+    rag_top_k: int = 4
 
 
 class APIError(Exception):
@@ -266,14 +271,63 @@ def create_app(cfg: Config, manage_engines: bool = True) -> FastAPI:
     @app.get("/v1/models", dependencies=v1)
     def models():
         return {"object": "list", "data": [{"id": n, "object": "model", "created": 0,
-                                            "owned_by": "reflex"} for n in cfg.slots]}
+                                            "owned_by": "reflex"}
+                                           for n in list(cfg.slots) + list(cfg.rag_aliases)]}
+
+    retriever = {}
+
+    def get_retriever():
+        if "r" not in retriever:
+            from adapter.retrieval import IPCEmbedder, Retriever
+            if cfg.rag_embed is None or cfg.rag_embed not in cfg.slots:
+                raise APIError(400, "retrieval needs an embedding engine (--rag-embed)", param="retrieval")
+            retriever["r"] = Retriever(cfg.indexes_dir, IPCEmbedder(cfg.slots[cfg.rag_embed], call))
+        return retriever["r"]
+
+    def retrieve(index: str, k: int, msgs: list):
+        """-> (question, hits at or above the score threshold). Only the last user message is the
+        question; earlier turns are not sent (the sources are the context)."""
+        from adapter.retrieval import messages_for
+        from reflex.errors import ReflexError
+
+        question = next((m["content"] for m in reversed(msgs) if m["role"] == "user"), "")
+        try:
+            hits, _ = get_retriever().search(index, question, k)
+        except ReflexError as e:
+            raise from_engine(EngineError(e.category, str(e)))
+        return question, hits
+
+    def _start_first(slot, msgs, params, hits, rebuild):
+        """Start the chat; on context_overflow shed the weakest source and retry."""
+        while True:
+            q = _start(slot, "chat", {"messages": msgs, **params})
+            first = q.get()  # the first event decides the status: an error here is a plain HTTP error
+            if isinstance(first, EngineGone):
+                raise _died(slot, first)
+            if first is not _DONE and first["event"] == "error":
+                err = first.get("error") or {}
+                if err.get("category") == "context_overflow" and hits and len(hits) > 1:
+                    while q.get() is not _DONE:
+                        pass
+                    hits = hits[:-1]
+                    msgs = rebuild(hits)
+                    continue
+                raise from_engine(EngineError(err.get("category", "internal"), err.get("message", "")))
+            return q, first, hits
 
     @app.post("/v1/chat/completions", dependencies=v1)
     def chat_completions(req: ChatRequest):
-        slot = slot_for(req.model)
-        _refuse_unsupported(req)
+        from adapter.retrieval import messages_for, sources_of
+
+        index, k = None, cfg.rag_top_k
+        if req.model in cfg.rag_aliases:
+            index, chat_name = cfg.rag_aliases[req.model]
+            slot = slot_for(chat_name)
+        else:
+            slot = slot_for(req.model)
         if req.retrieval is not None:
-            raise APIError(400, "retrieval is not available in this adapter build", param="retrieval")
+            index, k = req.retrieval.index, req.retrieval.top_k
+        _refuse_unsupported(req)
         msgs = _messages(req)
         n_chars = sum(len(m["content"]) for m in msgs)
         if n_chars > cfg.max_prompt_chars:
@@ -281,19 +335,46 @@ def create_app(cfg: Config, manage_engines: bool = True) -> FastAPI:
                            param="messages", code="prompt_too_large")
         params = _gen_params(req, slot)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        hits, extra, body = None, {}, None
+        rebuild = None
+        if index is not None:
+            question, hits = retrieve(index, k, msgs)
+            rebuild = lambda h: messages_for(question, h)  # noqa: E731
+            if not hits:  # nothing relevant: say so rather than answer from nothing
+                text = (f"I found nothing relevant to this question in index {index!r}, so I cannot "
+                        f"answer it from these documents.")
+                body = {"id": cid, "object": "chat.completion", "created": created, "model": req.model,
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                     "logprobs": None, "finish_reason": "stop"}],
+                        "usage": _usage({}), "sources": []}
+                if not req.stream:
+                    return body
+                msgs = None
+            else:
+                msgs = rebuild(hits)
+        if msgs is None:
+            q, first, hits = None, _DONE, []
+        else:
+            q, first, hits = _start_first(slot, msgs, {"stream": req.stream, **params}, hits, rebuild)
+        if hits is not None:
+            extra = {"sources": sources_of(hits)}
         if not req.stream:
-            r = call(slot, "chat", messages=msgs, stream=False, **params)
+            last = first
+            while last is not _DONE:
+                item = q.get()
+                if isinstance(item, EngineGone):
+                    raise _died(slot, item)
+                if item is _DONE:
+                    break
+                last = item
+            if last["event"] == "error":
+                err = last.get("error") or {}
+                raise from_engine(EngineError(err.get("category", "internal"), err.get("message", "")))
+            r = last["result"]
             return {"id": cid, "object": "chat.completion", "created": created, "model": req.model,
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": r["text"]},
                                  "logprobs": None, "finish_reason": r["finish_reason"]}],
-                    "usage": _usage(r["usage"]), "timings": r.get("timings")}
-        q = _start(slot, "chat", {"messages": msgs, "stream": True, **params})
-        first = q.get()  # the first event decides the status: an error here is a plain HTTP error
-        if isinstance(first, EngineGone):
-            raise _died(slot, first)
-        if first is not _DONE and first["event"] == "error":
-            err = first.get("error") or {}
-            raise from_engine(EngineError(err.get("category", "internal"), err.get("message", "")))
+                    "usage": _usage(r["usage"]), "timings": r.get("timings"), **extra}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(delta, finish=None, **extra):
@@ -302,7 +383,12 @@ def create_app(cfg: Config, manage_engines: bool = True) -> FastAPI:
                                                      "finish_reason": finish}], **extra}
 
         def events():
-            yield _sse(chunk({"role": "assistant", "content": ""}))
+            yield _sse(chunk({"role": "assistant", "content": ""}, **extra))
+            if q is None:  # retrieval found nothing: the fixed answer, streamed as one piece
+                yield _sse(chunk({"content": body["choices"][0]["message"]["content"]}))
+                yield _sse(chunk({}, "stop"))
+                yield b"data: [DONE]\n\n"
+                return
             item = first
             while True:
                 if isinstance(item, EngineGone):

@@ -26,6 +26,13 @@ def build_parser():
                    metavar="NAME[=MODEL]", help="start an engine for MODEL (alias or path), served as NAME")
     p.add_argument("--connect", action="append", default=[], type=lambda s: _pair(s, True),
                    metavar="NAME=SOCKET", help="use an engine already listening on SOCKET")
+    p.add_argument("--rag", action="append", default=[], type=lambda s: _pair(s, True),
+                   metavar="ALIAS=INDEX[:CHAT]", help="serve ALIAS as a chat model that answers from "
+                   "INDEX (chat engine CHAT, default the first --model)")
+    p.add_argument("--rag-embed", default=None, metavar="NAME",
+                   help="engine that embeds queries (default: a served model named minilm)")
+    p.add_argument("--rag-top-k", type=int, default=4)
+    p.add_argument("--indexes-dir", default=None, help="where indexes live (default rag's)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--ctx", type=int, default=None, help="engine context size")
@@ -50,8 +57,22 @@ def make_config(args):
         slots[name] = EngineSlot(name, model=model, **kw)
     for name, sock in args.connect:
         slots[name] = EngineSlot(name, socket_path=sock, **kw)
+    first = next(iter(slots), None)
+    aliases = {}
+    for alias, spec in args.rag:
+        index, _, chat = spec.partition(":")
+        aliases[alias] = (index, chat or first)
+    embed = args.rag_embed or ("minilm" if "minilm" in slots else None)
+    indexes_dir = args.indexes_dir
+    if indexes_dir is None and (aliases or embed):
+        try:
+            from rag.index import default_indexes_dir
+            indexes_dir = str(default_indexes_dir())
+        except ImportError:
+            indexes_dir = None
     return Config(api_key=args.api_key or None, max_body_bytes=args.max_body_bytes,
-                  max_prompt_chars=args.max_prompt_chars, slots=slots)
+                  max_prompt_chars=args.max_prompt_chars, slots=slots, rag_aliases=aliases,
+                  rag_embed=embed, indexes_dir=indexes_dir, rag_top_k=args.rag_top_k)
 
 
 def main(argv=None) -> int:
@@ -64,7 +85,7 @@ def main(argv=None) -> int:
 
     app = create_app(make_config(args))
     print(f"reflex-adapter: http://{args.host}:{args.port} serving "
-          f"{', '.join(n for n, _ in args.model + args.connect)}", file=sys.stderr, flush=True)
+          f"{', '.join([n for n, _ in args.model + args.connect] + [a for a, _ in args.rag])}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

@@ -44,14 +44,42 @@ def _free_port() -> int:
     return port
 
 
+DOCS = {
+    "zorblax.md": "# Zorblax protocol\n\nThe Zorblax protocol listens on TCP port 4711. Zorblax "
+                  "servers send a heartbeat every 9 seconds and drop clients after 3 missed beats.\n",
+    "gardening.md": "# Tomatoes\n\nTomato plants need six hours of direct sun and deep watering twice "
+                    "a week. Pinch the suckers that grow between the stem and the branches.\n",
+}
+
+
+def _can_rag() -> bool:
+    try:
+        import faiss  # noqa: F401
+        import rag.retrieve  # noqa: F401
+    except ImportError:
+        return False
+    return os.path.exists(MINILM)
+
+
+needs_rag = pytest.mark.skipif(not _can_rag(), reason="needs faiss, the rag package and the MiniLM GGUF")
+
+
 @pytest.fixture(scope="module")
-def adapter():
+def adapter(tmp_path_factory):
     port = _free_port()
     cmd = [sys.executable, "-m", "adapter.main", "-m", f"smollm2={SMOL}", "--ctx", "256",
            "--port", str(port), "--api-key", KEY, "--max-body-bytes", "65536",
            "--max-prompt-chars", "20000", "--max-queue", "1", "--queue-timeout", "1"]
     if os.path.exists(MINILM):
         cmd += ["-m", f"minilm={MINILM}"]
+    if _can_rag():  # a two-document index, built by reflex-rag at test time
+        docs, idx = tmp_path_factory.mktemp("docs"), tmp_path_factory.mktemp("indexes")
+        for name, text in DOCS.items():
+            (docs / name).write_text(text)
+        subprocess.run([sys.executable, "-m", "rag.cli", "ingest", str(docs), "--index", "kb",
+                        "--indexes-dir", str(idx), "--embed-model", MINILM, "--quiet"],
+                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), check=True, timeout=300)
+        cmd += ["--rag", "docs-bot=kb:smollm2", "--indexes-dir", str(idx)]
     p = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
@@ -198,6 +226,40 @@ def test_embeddings_default_base64(client):
     assert e.value.body["param"] == "dimensions"
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model="minilm", input=[])
+
+
+# ------------------------------------------------------------------ retrieval
+@needs_rag
+def test_chat_with_retrieval(client):
+    q = "Which TCP port does the Zorblax protocol listen on?"
+    plain = client.chat.completions.create(model="smollm2", max_tokens=2, temperature=0,
+                                           messages=[{"role": "user", "content": q}])
+    r = client.chat.completions.create(model="docs-bot", max_tokens=8, temperature=0,
+                                       messages=[{"role": "user", "content": q}])
+    src = r.model_extra["sources"]
+    assert src and src[0]["source"].endswith("zorblax.md") and src[0]["n"] == 1
+    assert "4711" in src[0]["text"]
+    # the prompt carries the retrieved chunk(s): far more tokens than the bare question
+    assert r.usage.prompt_tokens > plain.usage.prompt_tokens + 30
+    assert r.model == "docs-bot" and "docs-bot" in [m.id for m in client.models.list().data]
+    # the extension field on a plain model does the same
+    r2 = client.chat.completions.create(model="smollm2", max_tokens=8, temperature=0,
+                                        messages=[{"role": "user", "content": q}],
+                                        extra_body={"retrieval": {"index": "kb", "top_k": 1}})
+    assert [s["source"] for s in r2.model_extra["sources"]] == [src[0]["source"]]
+    assert r2.choices[0].message.content == r.choices[0].message.content or len(src) > 1
+    # nothing relevant: said so, no sources, no generation
+    r3 = client.chat.completions.create(model="docs-bot", max_tokens=8, temperature=0,
+                                        messages=[{"role": "user", "content": "Who won the 1998 World Cup?"}])
+    assert r3.model_extra["sources"] == [] and "nothing relevant" in r3.choices[0].message.content
+    assert r3.usage.completion_tokens == 0
+    # streaming: sources on the first chunk
+    chunks = list(client.chat.completions.create(model="docs-bot", max_tokens=4, temperature=0,
+                                                 stream=True, messages=[{"role": "user", "content": q}]))
+    assert chunks[0].model_extra["sources"][0]["source"] == src[0]["source"]
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="smollm2", max_tokens=2, messages=[{"role": "user", "content": q}],
+                                       extra_body={"retrieval": {"index": "no-such-index"}})
 
 
 # ------------------------------------------------------------------ errors
