@@ -48,7 +48,12 @@ def _gelu_erf(x: np.ndarray) -> np.ndarray:
 def set_blas_threads(n: int) -> bool:
     """Set the OpenBLAS thread count of the BLAS NumPy loaded (no threadpoolctl dependency).
 
-    Returns False where the library or symbol is not found (then nothing changes)."""
+    Returns False where the library or symbol is not found (then nothing changes). The setter is
+    looked up once (reading /proc/self/maps costs ~15 ms; embed() switches threads per call)."""
+    fn = _BLAS_SETTER.get("fn")
+    if fn is not None:
+        fn(ctypes.c_int(int(n)))
+        return True
     try:
         with open("/proc/self/maps") as fh:
             libs = {ln.split()[-1] for ln in fh if "openblas" in ln and ".so" in ln}
@@ -63,9 +68,13 @@ def set_blas_threads(n: int) -> bool:
                     "openblas_set_num_threads64_", "openblas_set_num_threads"):
             fn = getattr(lib, sym, None)
             if fn is not None:
+                _BLAS_SETTER["fn"] = fn
                 fn(ctypes.c_int(int(n)))
                 return True
     return False
+
+
+_BLAS_SETTER: dict = {}
 
 
 class NumpyBackend(Backend):
