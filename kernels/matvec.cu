@@ -14,6 +14,119 @@
 //   gelu_tanh (op 1): gate, up and the SwiGLU/GeGLU in one launch; each warp does both rows r.
 #include "quant.cuh"
 
+// dot8<T>(blk, j, x): sum over the 8 elements j..j+7 (j % 8 == 0) of one block times x[0..8).
+// The generic form dequantizes element by element; the specialisations below decode each block's
+// scales once per 8 elements and factor them out of the sum (d * sum(q x) + m * sum(x)).
+template <int T>
+struct Dot8 {
+    __device__ static float f(const uint8_t* blk, int j, const float* x) {
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) a += Q<T>::dq(blk, j + i) * x[i];
+        return a;
+    }
+};
+template <> struct Dot8<8> {  // Q8_0
+    __device__ static float f(const uint8_t* b, int j, const float* x) {
+        const int8_t* q = reinterpret_cast<const int8_t*>(b + 2 + j);
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += (float)q[i] * x[i];
+        return rx_f16(b) * s;
+    }
+};
+template <> struct Dot8<2> {  // Q4_0
+    __device__ static float f(const uint8_t* b, int j, const float* x) {
+        const uint8_t* q = b + 2 + (j & 15);
+        int sh = j >= 16 ? 4 : 0;
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += (float)(((q[i] >> sh) & 15) - 8) * x[i];
+        return rx_f16(b) * s;
+    }
+};
+template <> struct Dot8<3> {  // Q4_1
+    __device__ static float f(const uint8_t* b, int j, const float* x) {
+        const uint8_t* q = b + 4 + (j & 15);
+        int sh = j >= 16 ? 4 : 0;
+        float s = 0.f, sx = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            s += (float)((q[i] >> sh) & 15) * x[i];
+            sx += x[i];
+        }
+        return rx_f16(b) * s + rx_f16(b + 2) * sx;
+    }
+};
+template <int OFF_QH, int OFF_QS, bool MIN>
+__device__ __forceinline__ float dot8_q5(const uint8_t* b, int j, const float* x) {
+    uint32_t qh = (uint32_t)b[OFF_QH] | ((uint32_t)b[OFF_QH + 1] << 8) | ((uint32_t)b[OFF_QH + 2] << 16) |
+                  ((uint32_t)b[OFF_QH + 3] << 24);
+    const uint8_t* q = b + OFF_QS + (j & 15);
+    int sh = j >= 16 ? 4 : 0;
+    float s = 0.f, sx = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int v = ((q[i] >> sh) & 15) | (((qh >> (j + i)) & 1) << 4);
+        s += (float)(MIN ? v : v - 16) * x[i];
+        sx += x[i];
+    }
+    return MIN ? rx_f16(b) * s + rx_f16(b + 2) * sx : rx_f16(b) * s;
+}
+template <> struct Dot8<6> {  // Q5_0
+    __device__ static float f(const uint8_t* b, int j, const float* x) { return dot8_q5<2, 6, false>(b, j, x); }
+};
+template <> struct Dot8<7> {  // Q5_1
+    __device__ static float f(const uint8_t* b, int j, const float* x) { return dot8_q5<4, 8, true>(b, j, x); }
+};
+template <> struct Dot8<12> {  // Q4_K: 8 elements share one 32-element sub-block
+    __device__ static float f(const uint8_t* b, int j, const float* x) {
+        int c = j >> 6, n = (j >> 5) & 1, l0 = j & 31, sb = j >> 5;
+        int sc, m;
+        rx_scale_min_k4(b + 4, sb, &sc, &m);
+        const uint8_t* q = b + 16 + 32 * c + l0;
+        float s = 0.f, sx = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            s += (float)((q[i] >> (4 * n)) & 15) * x[i];
+            sx += x[i];
+        }
+        return rx_f16(b) * (float)sc * s - rx_f16(b + 2) * (float)m * sx;
+    }
+};
+template <> struct Dot8<13> {  // Q5_K
+    __device__ static float f(const uint8_t* b, int j, const float* x) {
+        int c = j >> 6, n = (j >> 5) & 1, l0 = j & 31, sb = j >> 5;
+        int sc, m;
+        rx_scale_min_k4(b + 4, sb, &sc, &m);
+        const uint8_t* q = b + 48 + 32 * c + l0;
+        const uint8_t* qh = b + 16 + l0;
+        float s = 0.f, sx = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int v = ((q[i] >> (4 * n)) & 15) | (((qh[i] >> sb) & 1) << 4);
+            s += (float)v * x[i];
+            sx += x[i];
+        }
+        return rx_f16(b) * (float)sc * s - rx_f16(b + 2) * (float)m * sx;
+    }
+};
+template <> struct Dot8<14> {  // Q6_K: 8 elements share one 16-element scale
+    __device__ static float f(const uint8_t* b, int j, const float* x) {
+        int h = j >> 7, k = (j >> 5) & 3, l0 = j & 31;
+        const uint8_t* ql = b + 64 * h + 32 * (k & 1) + l0;
+        const uint8_t* qh = b + 128 + 32 * h + l0;
+        int s4 = 4 * (k >> 1), s2 = 2 * k;
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int v = (((ql[i] >> s4) & 15) | (((qh[i] >> s2) & 3) << 4)) - 32;
+            s += (float)v * x[i];
+        }
+        return rx_f16(b + 208) * (float)(int8_t)b[192 + (j >> 4)] * s;
+    }
+};
+
 template <int T>
 __device__ __forceinline__ float dot_row(const uint8_t* row, const float* x, int n_in) {
     int lane = threadIdx.x & 31;
@@ -32,9 +145,8 @@ __device__ __forceinline__ float dot_row(const uint8_t* row, const float* x, int
                    Q<T>::dq(blk + 4 * Q<T>::TS, 0) * b.x + Q<T>::dq(blk + 5 * Q<T>::TS, 0) * b.y +
                    Q<T>::dq(blk + 6 * Q<T>::TS, 0) * b.z + Q<T>::dq(blk + 7 * Q<T>::TS, 0) * b.w;
         } else {
-            acc += Q<T>::dq(blk, j) * a.x + Q<T>::dq(blk, j + 1) * a.y + Q<T>::dq(blk, j + 2) * a.z +
-                   Q<T>::dq(blk, j + 3) * a.w + Q<T>::dq(blk, j + 4) * b.x + Q<T>::dq(blk, j + 5) * b.y +
-                   Q<T>::dq(blk, j + 6) * b.z + Q<T>::dq(blk, j + 7) * b.w;
+            float xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            acc += Dot8<T>::f(blk, j, xs);
         }
     }
     return rx_warp_sum(acc);

@@ -156,6 +156,11 @@ PRESETS = {
                           "attention.layer_norm_rms_epsilon": 1e-6, "attention.key_length": 128,
                           "attention.value_length": 128}, context_length=40960),
                        types=_qwen3_q4_k_m_type(28)),
+    # Qwen2.5-0.5B (qwen2): q/k/v biases, NEOX rope, tied output; a Q8_0 file (896 is no multiple of 256)
+    "qwen2-0.5b": dict(arch="qwen2", hp=dict(embedding_length=896, block_count=24, feed_forward_length=4864,
+                       **{"attention.head_count": 14, "attention.head_count_kv": 2, "rope.freq_base": 1000000.0,
+                          "attention.layer_norm_rms_epsilon": 1e-6}, context_length=32768),
+                       types=lambda i, t: "Q8_0"),
     # Gemma-3-270M (gemma3): 18 layers, head_dim 256, 1 kv head, sliding window 512, real file's mix
     "gemma3-270m": dict(arch="gemma3", hp=dict(embedding_length=640, block_count=18, feed_forward_length=2048,
                         **{"attention.head_count": 4, "attention.head_count_kv": 1, "rope.freq_base": 1000000.0,
@@ -182,6 +187,9 @@ def preset_tensors(arch: str, hp: dict, n_vocab: int, types) -> list:
             ts += [("post_attention_norm", (E,)), ("post_ffw_norm", (E,))]
         for t, shape in ts:
             out.append((p + t + ".weight", shape, "F32" if len(shape) == 1 else types(i, t)))
+        if arch == "qwen2":
+            out += [(p + "attn_q.bias", (H * d,), "F32"), (p + "attn_k.bias", (Hkv * d,), "F32"),
+                    (p + "attn_v.bias", (Hkv * d,), "F32")]
     out.append(("output_norm.weight", (E,), "F32"))
     return out
 
