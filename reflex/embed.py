@@ -32,6 +32,7 @@ from reflex.errors import ContextOverflow, InvalidRequest
 POOLING_NONE, POOLING_MEAN, POOLING_CLS, POOLING_LAST, POOLING_RANK = 0, 1, 2, 3, 4
 POOLING_NAMES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 PACK_TOKENS = 4096  # tokens per packed forward: big enough for BLAS, small enough for the cache
+SMALL_TOKENS = 1024  # below this a single pack runs with 1 BLAS thread
 
 
 def pooling_of(model, pooling=None, metadata=None) -> int:
@@ -144,15 +145,20 @@ def hidden_states(model, seqs: list, pack_tokens: int = PACK_TOKENS) -> list:
             out[i] = h[s:s + L]
             s += L
 
-    if workers > 1 and len(packs) > 1:
+    # short inputs too: a few-token matmul gains nothing from a 2-thread BLAS team and, on a
+    # shared machine, waits for it (measured: ~1 s for one 4-token sentence under load)
+    if workers > 1 and (len(packs) > 1 or total < SMALL_TOKENS):
         from concurrent.futures import ThreadPoolExecutor
 
         from reflex.backends.numpy_backend import set_blas_threads
 
         set_blas_threads(1)
         try:
-            with ThreadPoolExecutor(min(workers, len(packs))) as ex:
-                list(ex.map(run, packs))
+            if len(packs) == 1:
+                run(packs[0])
+            else:
+                with ThreadPoolExecutor(min(workers, len(packs))) as ex:
+                    list(ex.map(run, packs))
         finally:
             env = os.environ.get("REFLEX_NUM_THREADS") or os.environ.get("OPENBLAS_NUM_THREADS")
             set_blas_threads(int(env) if env and env.isdigit() else (os.cpu_count() or 1))
