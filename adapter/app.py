@@ -268,6 +268,15 @@ def create_app(cfg: Config, manage_engines: bool = True) -> FastAPI:
         return JSONResponse({"status": "ok" if ok else "unavailable", "engines": engines},
                             status_code=200 if ok else 503)
 
+    @app.get("/ping")
+    def ping():
+        """Runpod load-balancer health: 200 when every engine is ready, 204 while starting."""
+        from fastapi import Response
+
+        if all(s.state == "ready" for s in cfg.slots.values()):
+            return JSONResponse({"status": "healthy"})
+        return Response(status_code=204)
+
     @app.get("/v1/models", dependencies=v1)
     def models():
         return {"object": "list", "data": [{"id": n, "object": "model", "created": 0,

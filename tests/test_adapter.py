@@ -134,6 +134,7 @@ def test_health_models_openapi(adapter, client):
     h = httpx.get(adapter + "/health").json()
     assert h["status"] == "ok" and h["engines"]["smollm2"]["state"] == "ready"
     assert "smollm2" in [m.id for m in client.models.list().data]
+    assert httpx.get(adapter + "/ping").json() == {"status": "healthy"}
     spec = httpx.get(adapter + "/openapi.json").json()
     assert "/v1/chat/completions" in spec["paths"] and "/v1/embeddings" in spec["paths"]
 
