@@ -358,3 +358,20 @@ def test_queue_then_engine_killed_mid_stream(adapter, client):
     r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": Q}],
                                        max_tokens=12, temperature=0)
     assert r.choices[0].message.content == "The capital of France is Paris."
+
+
+# ------------------------------------------------------------------ serverless handler
+def test_serverless_handler_plain():
+    """docker/handler.py: one cold process answers one JSON request from stdin."""
+    env = dict(os.environ, PYTHONPATH=ROOT, REFLEX_BACKEND="numpy")
+    req = {"model": SMOL, "messages": [{"role": "user", "content": Q}], "max_tokens": 12}
+    p = subprocess.run([sys.executable, "docker/handler.py"], input=json.dumps(req).encode(),
+                       capture_output=True, cwd=ROOT, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()
+    out = json.loads(p.stdout)
+    assert out["text"] == "The capital of France is Paris." and out["finish_reason"] == "stop"
+    assert out["process_s"] is None or out["process_s"] >= out["timings"]["load_s"]
+    for bad in (b"{nope", b'{"model": "/no/such.gguf", "prompt": "x"}', b'{"x": 1}'):
+        p = subprocess.run([sys.executable, "docker/handler.py"], input=bad, capture_output=True,
+                           cwd=ROOT, env=env, timeout=120)
+        assert p.returncode == 2 and "error" in json.loads(p.stdout), bad
