@@ -18,6 +18,7 @@ DEFAULT_CHAT_MODEL = "smollm2"
 # distributions of on-topic and off-topic questions on python3-doc (docs/benchmarks.md, "RAG")
 DEFAULT_MIN_SCORE = 0.36
 DEFAULT_K = 4
+REPEAT_PENALTY = 1.15  # greedy SmolLM2-135M otherwise repeats one sentence until max_tokens
 SYSTEM = ("You answer questions using only the numbered sources given. After each fact, cite its "
           "source number in square brackets, like [1]. If the sources do not contain the answer, "
           "say that you do not know.")
@@ -48,7 +49,7 @@ def check_citations(text: str, n_sources: int):
 
 
 def ask(question: str, index, embedder, chat_loader, k: int = DEFAULT_K, hybrid: bool = False,
-        min_score: float = DEFAULT_MIN_SCORE, max_tokens: int = 256, timings: dict | None = None,
+        min_score: float = DEFAULT_MIN_SCORE, max_tokens: int = 160, timings: dict | None = None,
         on_text=None) -> dict:
     """chat_loader() -> reflex Engine (called only when there is something to answer from).
     on_text(piece) streams the answer as it is generated."""
@@ -86,9 +87,10 @@ def ask(question: str, index, embedder, chat_loader, k: int = DEFAULT_K, hybrid:
     max_new = min(max_tokens, eng.n_ctx - n_prompt)
     t0 = time.perf_counter()
     if on_text is None:
-        res = eng.chat(messages, max_tokens=max_new, temperature=0)
+        res = eng.chat(messages, max_tokens=max_new, temperature=0, repeat_penalty=REPEAT_PENALTY)
     else:
-        stream = eng.chat(messages, max_tokens=max_new, temperature=0, stream=True)
+        stream = eng.chat(messages, max_tokens=max_new, temperature=0, stream=True,
+                          repeat_penalty=REPEAT_PENALTY)
         for piece in stream:
             on_text(piece)
         res = stream.result

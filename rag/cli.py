@@ -69,7 +69,7 @@ def build_parser():
 
             p.add_argument("-k", type=int, default=DEFAULT_K)
             p.add_argument("--chat-model", default=DEFAULT_CHAT_MODEL)
-            p.add_argument("--max-tokens", type=int, default=256)
+            p.add_argument("--max-tokens", type=int, default=160)
             p.add_argument("--min-score", type=float, default=DEFAULT_MIN_SCORE,
                            help="cosine below which a chunk counts as unrelated")
     p = sub.add_parser("info", help="describe an index")
