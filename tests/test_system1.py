@@ -120,14 +120,15 @@ def test_single_token_candidates_need_no_nodes():
 CASES = [
     ("The capital of France is", [" Paris", " Lyon", " a city in Europe", " a city of lights",
                                   " Paris, of course.", " Paris"]),
-    ("Water boils at", [" 100 degrees", " 100 degrees Celsius", " 212", "!"]),
+    ("Water boils at", [" 100 degrees", " 100 degrees Celsius", "!"]),
 ]
 
 
 @pytest.mark.parametrize("path", _model_files(), ids=os.path.basename)
 def test_one_pass_equals_separate_forwards(path):
     model, tok = _load(path)
-    for context, cands in CASES:
+    # the second case (a candidate that extends another) only on the first model: CI time
+    for context, cands in (CASES if path == _model_files()[0] else CASES[:1]):
         r = system1.score(model, tok, context, cands)
         assert r.n_forward_tokens < len(r.context_ids) + sum(len(c.token_ids) for c in r.candidates)
         for c in r.candidates:
