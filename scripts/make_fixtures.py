@@ -1,0 +1,115 @@
+"""Build the small synthetic GGUF fixtures of tests/data/fixtures/ (one recipe per architecture).
+
+Each fixture is a tiny seeded random-weight transformers model in the real tensor layout, saved with
+SmolLM2's real tokenizer (transformers reads it from the SmolLM2 GGUF and saves it; llama.cpp's
+converter recognizes it as pre-tokenizer `smollm`), then converted by llama.cpp's
+convert_hf_to_gguf.py (--outtype f16). Every weight is rounded to float16 *before* saving, so the f16
+GGUF holds exactly the transformers model's weights and that model (fp32, in memory) is the logits
+reference (recorded by scripts/make_model_refs.py from the saved HF directory).
+
+Shapes follow Qwen3-0.6B's ratios where a 49,152-token vocab allows a file of a few MB: head_dim 128,
+GQA 2:1 (2 query heads, 1 kv head), n_ff = 3 n_embd, tied embeddings; n_embd 16 keeps the f16
+embedding at 1.6 MB (the tokenizer's vocab and merges add another 1.7 MB to each file). Norm weights and biases are randomized too (transformers initializes them to
+1 and 0, which would leave q/k norms and QKV biases untested).
+
+Usage: python scripts/make_fixtures.py [NAME ...]     (default: all recipes)
+  -> tests/data/fixtures/NAME.gguf, HF source in $REFLEX_FIXTURE_CACHE/NAME (default
+     ~/.cache/reflex/fixtures). Needs torch, transformers, gguf and llama.cpp's converter unpacked
+     under vendor/llama.cpp (see ../shared/GUIDE.md); none of these is needed in CI.
+"""
+import os
+import subprocess
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = os.environ.get("REFLEX_MODELS", os.path.expanduser("~/.cache/reflex/models"))
+CACHE = os.environ.get("REFLEX_FIXTURE_CACHE", os.path.expanduser("~/.cache/reflex/fixtures"))
+OUT_DIR = os.path.join(ROOT, "tests", "data", "fixtures")
+VENDOR = os.path.join(ROOT, "vendor", "llama.cpp")
+TOKENIZER_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_SHAPE = dict(vocab_size=49152, hidden_size=16, intermediate_size=48, num_hidden_layers=2,
+              num_attention_heads=2, num_key_value_heads=1, head_dim=128, max_position_embeddings=2048,
+              rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+              initializer_range=0.25)
+
+
+def _qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM(Qwen2Config(**_SHAPE))
+
+
+def _qwen3():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(Qwen3Config(**_SHAPE))
+
+
+# name -> (builder, seed)
+RECIPES = {
+    "qwen2": (_qwen2, 2),
+    "qwen3": (_qwen3, 3),
+}
+
+
+# Runs the converter unchanged, except that AutoTokenizer loads tokenizer.json as saved: transformers 5
+# maps model_type qwen2 to Qwen2Tokenizer, which swaps in Qwen2's pre-tokenizer regex, so the
+# converter's pre-tokenizer hash no longer matches SmolLM2's (`smollm`) and it refuses the vocab.
+_CONVERT = """
+import runpy, sys
+import transformers
+from transformers.tokenization_utils_tokenizers import TokenizersBackend
+transformers.AutoTokenizer.from_pretrained = staticmethod(
+    lambda path, *a, **k: TokenizersBackend.from_pretrained(path))
+sys.argv = sys.argv[1:]
+sys.path.insert(0, __import__("os").path.dirname(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _randomize(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(model.config.initializer_range * torch.randn(p.shape, generator=g))
+            p.copy_(p.half().float())  # exactly representable in the f16 GGUF
+
+
+def build(name):
+    from transformers import AutoTokenizer
+
+    builder, seed = RECIPES[name]
+    torch.manual_seed(seed)
+    hf_dir = os.path.join(CACHE, name)
+    os.makedirs(hf_dir, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(MODELS, gguf_file=TOKENIZER_GGUF)
+    model = builder()
+    model.config.bos_token_id = tok.bos_token_id
+    model.config.eos_token_id = tok.eos_token_id
+    _randomize(model, seed)
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    tok.save_pretrained(hf_dir)
+    os.makedirs(OUT_DIR, exist_ok=True)
+    out = os.path.join(OUT_DIR, f"{name}.gguf")
+    env = dict(os.environ, PYTHONPATH=os.path.join(VENDOR, "gguf-py"))
+    conv = os.path.join(VENDOR, "convert_hf_to_gguf.py")
+    subprocess.run([sys.executable, "-c", _CONVERT, conv, hf_dir, "--outfile", out, "--outtype", "f16"],
+                   check=True, env=env)
+    print(f"{name}: {out} ({os.path.getsize(out) / 1e6:.2f} MB), HF source {hf_dir}")
+
+
+def main():
+    for name in sys.argv[1:] or list(RECIPES):
+        build(name)
+
+
+if __name__ == "__main__":
+    main()
