@@ -26,6 +26,26 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
     python3 -m reflex synth .devdata/smollm2-vocab.gguf /tmp/models/qwen3-0.6b-q4_k_m-synth.gguf --preset qwen3-0.6b
     M="$M /tmp/models/qwen3-0.6b-q4_k_m-synth.gguf"
   fi
-  timeout 400 python3 benchmarks/bench_cuda.py $M --runs ${RUNS:-7} ${DROP:+--drop-caches} --json $OUT/bench.json 2> $OUT/bench_log.txt
+  timeout 400 python3 benchmarks/bench_cuda.py $M --runs ${RUNS:-7} ${DROP:+--drop-caches} ${NOCOLD:+--no-cold} --json $OUT/bench.json 2> $OUT/bench_log.txt
   tail -30 $OUT/bench_log.txt
+fi
+if [ "$WHAT" = profile ] || [ "${PROFILE:-}" = 1 ]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  M=${PROFILE_MODEL:-/tmp/models/smollm2-135m-q4_1-synth.gguf}
+  [ -f $M ] || python3 -m reflex synth .devdata/smollm2-vocab.gguf $M --preset smollm2-135m
+  timeout 200 $NCU --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 700 --launch-count 560 \
+    python3 benchmarks/profile_decode.py $M 6 > $OUT/ncu.csv 2> $OUT/ncu_err.txt
+  python3 - $OUT/ncu.csv <<'PY' | tee $OUT/ncu_summary.txt
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; ki = hdr.index("Kernel Name"); vi = hdr.index("Metric Value"); ii = hdr.index("ID")
+t = collections.defaultdict(list)
+for r in rows[1:]:
+    try: t[r[ki].split("(")[0]].append(float(r[vi].replace(",", "")))
+    except ValueError: pass
+tot = sum(sum(v) for v in t.values()); n = sum(len(v) for v in t.values())
+print(f"{n} kernels, {tot/1e3:.1f} us total ({tot/1e3/2:.1f} us per step if 2 steps)")
+for k, v in sorted(t.items(), key=lambda kv: -sum(kv[1])):
+    print(f"{k:34s} n={len(v):4d} avg={sum(v)/len(v)/1e3:7.2f} us  total={sum(v)/1e3:8.1f} us")
+PY
 fi

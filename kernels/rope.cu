@@ -1,8 +1,9 @@
 // rope.cu -- rotary position embedding, modes NORM (adjacent pairs) and NEOX (halves).
 //
-// rx_rope(x, y, x2, y2, n_head2, pos, n_head, head_dim, n_rot, freq_base, mode, pos_dyn):
-//   for token t, head h, pair i < n_rot/2: theta = pos[t] * base^(-2i / n_rot) (in double, as the
-//   NumPy reference), NORM rotates (x[2i], x[2i+1]), NEOX rotates (x[i], x[i + n_rot/2]); dims
+// rx_rope(x, y, x2, y2, n_head2, pos, inv_freq, n_head, head_dim, n_rot, mode, pos_dyn):
+//   for token t, head h, pair i < n_rot/2: theta = pos[t] * inv_freq[i], inv_freq[i] =
+//   base^(-2i / n_rot) in double (from the host, as the NumPy reference); theta is reduced to
+//   [-pi, pi] in double, then sin/cos in float (exact to float rounding at any position), NORM rotates (x[2i], x[2i+1]), NEOX rotates (x[i], x[i + n_rot/2]); dims
 //   >= n_rot are copied. pos is int32 on the device; when pos_dyn is non-null, token t sits at
 //   position *pos_dyn + t (a captured decode step reads its position from the step state).
 //   A second tensor x2 (T, n_head2, head_dim) at the same positions -- K beside Q -- may ride
@@ -11,7 +12,7 @@
 #include "common.cuh"
 
 RX_EXTERN void rx_rope(const float* x, float* y, const float* x2, float* y2, int n_head2, const int* pos,
-                       int n_head, int head_dim, int n_rot, float freq_base, int mode, const int* pos_dyn) {
+                       const double* inv_freq, int n_head, int head_dim, int n_rot, int mode, const int* pos_dyn) {
     int T = gridDim.x / (n_head + n_head2);
     int th = blockIdx.x;
     int t, nh;
@@ -29,9 +30,10 @@ RX_EXTERN void rx_rope(const float* x, float* y, const float* x2, float* y2, int
     int p = pos_dyn ? (*pos_dyn + t) : pos[t];
     int half = n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double f = pow((double)freq_base, -(double)(2 * i) / (double)n_rot);
-        double a = (double)p * f;
-        float c = (float)cos(a), s = (float)sin(a);
+        double a = (double)p * inv_freq[i];
+        a -= 6.283185307179586 * rint(a * 0.15915494309189535);
+        float s, c;
+        sincosf((float)a, &s, &c);
         int i0 = mode == 0 ? 2 * i : i;
         int i1 = mode == 0 ? 2 * i + 1 : i + half;
         float x0 = xr[i0], x1 = xr[i1];

@@ -1,41 +1,51 @@
 // sample.cu -- on-device token choice, so only the token id crosses to the host.
 //
-// rx_argmax(x, n, out, state): index of the largest of x[0..n) (first one on ties, NaN ignored,
-//   as numpy.argmax on finite logits); written to out[0] and, when state is non-null, to
+// rx_argmax(x, n, out, state, scratch): index of the largest of x[0..n) (first one on ties, NaN
+//   ignored, as numpy.argmax on finite logits); written to out[0] and, when state is non-null, to
 //   state[0] (the next captured decode step embeds that token) with state[1] += 1 (its position).
-// Launch: one block of 1024 threads.
+// Launch: grid ceil(n / 2048) blocks of 256 threads (8 elements each). Each block reduces its
+//   slice and folds (value, index) into scratch[0] with one 64-bit atomicMax on an order-preserving
+//   key (value bits high, ~index low, so ties keep the lowest index); the last block to finish
+//   (scratch[1] counts them) writes the result and zeroes scratch for the next launch.
 #include "common.cuh"
 
-RX_EXTERN void __launch_bounds__(1024) rx_argmax(const float* x, int n, int* out, int* state) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    float best = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+__device__ __forceinline__ unsigned long long rx_argmax_key(float v, int i) {
+    uint32_t u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // float order == unsigned order
+    return ((unsigned long long)u << 32) | (uint32_t)(0xFFFFFFFFu - (uint32_t)i);
+}
+
+RX_EXTERN void __launch_bounds__(256) rx_argmax(const float* x, int n, int* out, int* state,
+                                                unsigned long long* scratch) {
+    __shared__ unsigned long long sk[8];
+    unsigned long long best = 0;  // below every real key
+    int base = blockIdx.x * 2048;
+    for (int i = base + threadIdx.x; i < min(n, base + 2048); i += 256) {
         float v = x[i];
-        if (v > best || (v == best && i < bi)) { best = v; bi = i; }
+        if (v == v) {  // not NaN
+            unsigned long long k = rx_argmax_key(v, i);
+            best = k > best ? k : best;
+        }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        unsigned long long ok = __shfl_xor_sync(0xffffffffu, best, o);
+        best = ok > best ? ok : best;
     }
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    if (lane == 0) { sv[w] = best; si[w] = bi; }
+    if (lane == 0) sk[w] = best;
     __syncthreads();
-    if (w == 0) {
-        best = sv[lane]; bi = si[lane];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-        }
-        if (lane == 0) {
-            if (bi == 0x7fffffff) bi = 0;
-            out[0] = bi;
-            if (state) { state[0] = bi; state[1] += 1; }
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < 8; k++) best = sk[k] > best ? sk[k] : best;
+        atomicMax(&scratch[0], best);
+        __threadfence();
+        unsigned int done = atomicAdd(reinterpret_cast<unsigned int*>(&scratch[1]), 1u);
+        if (done == gridDim.x - 1) {
+            unsigned long long k = atomicExch(&scratch[0], 0ull);
+            scratch[1] = 0ull;
+            int idx = k ? (int)(0xFFFFFFFFu - (uint32_t)(k & 0xFFFFFFFFull)) : 0;
+            out[0] = idx;
+            if (state) { state[0] = idx; state[1] += 1; }
         }
     }
 }

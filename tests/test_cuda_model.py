@@ -34,7 +34,8 @@ PROMPT = "The quick brown fox jumps over the lazy dog. In a distant land, there 
 TINY = dict(embedding_length=128, block_count=2, feed_forward_length=256,
             **{"attention.head_count": 4, "attention.head_count_kv": 2, "rope.dimension_count": 32})
 CASES = [("llama", "smollm2-135m", TINY), ("llama", "smollm2-135m", None),
-         ("gemma3", "gemma3-270m", None), ("qwen3", "qwen3-0.6b", None)]
+         ("gemma3", "gemma3-270m", None), ("qwen3", "qwen3-0.6b", None),
+         ("qwen2", "qwen2-0.5b", {"block_count": 6})]
 REPORT = os.environ.get("REFLEX_PARITY_REPORT")
 
 
@@ -64,7 +65,8 @@ def _load(path, backend):
 
 def _model_path(tmp_path_factory, vocab, preset, overrides):
     from reflex.synth import synthesize_preset
-    name = preset + ("-tiny" if overrides else "")
+    name = preset + ("-" + "-".join(f"{k}{v}" for k, v in overrides.items()) if overrides else "")
+    name = name.replace(".", "_")[:80]
     out = tmp_path_factory.mktemp("models") / f"{name}.gguf"
     synthesize_preset(vocab, out, preset, seed=1, overrides=overrides)
     return str(out)
@@ -90,7 +92,7 @@ def _cpu_greedy(path, ids):
 
 
 @pytest.mark.parametrize("arch,preset,overrides", CASES, ids=["llama-tiny", "smollm2-135m", "gemma3-270m",
-                                                              "qwen3-0.6b"])
+                                                              "qwen3-0.6b", "qwen2-0.5b-6layers"])
 def test_gpu_matches_cpu(tmp_path_factory, vocab, arch, preset, overrides):
     if importlib.util.find_spec(f"reflex.models.{arch}") is None:
         pytest.skip(f"reflex/models/{arch}.py not in the tree")
@@ -127,7 +129,7 @@ def test_gpu_matches_cpu(tmp_path_factory, vocab, arch, preset, overrides):
     toks3 = [dec3.prefill(ids)]
     while len(toks3) < N_GEN:
         toks3.append(dec3.step(toks3[-1]))
-    info = dict(case=preset + ("-tiny" if overrides else ""), max_abs=float(diff.max()), rel=rel,
+    info = dict(case=preset + ("-small" if overrides else ""), max_abs=float(diff.max()), rel=rel,
                 min_margin=float(margin.min()), n_prefix=n_check, n_margin_ok=int(ok_steps.sum()),
                 free_running_all_equal=(toks == cpu_toks), cpu=cpu_toks, gpu_graph=toks,
                 gpu_eager=toks3, capture_s=dec.capture_s, mem=gb.memory())

@@ -27,8 +27,8 @@ from reflex.errors import InvalidRequest, ModelFormatError
 TYPES = {0: ("f32", 1, 4), 1: ("f16", 1, 2), 30: ("bf16", 1, 2), 8: ("q8_0", 32, 34), 2: ("q4_0", 32, 18),
          3: ("q4_1", 32, 20), 6: ("q5_0", 32, 22), 7: ("q5_1", 32, 24), 10: ("q2_k", 256, 84),
          11: ("q3_k", 256, 110), 12: ("q4_k", 256, 144), 13: ("q5_k", 256, 176), 14: ("q6_k", 256, 210)}
-_ITEM = {"f32": 4, "f16": 2, "i32": 4, "u8": 1}
-_NP = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "u8": np.uint8}
+_ITEM = {"f32": 4, "f16": 2, "i32": 4, "u8": 1, "f64": 8}
+_NP = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "u8": np.uint8, "f64": np.float64}
 MATVEC_MAX_T = 8      # up to this many rows a product reads the blocks directly (no scratch)
 ATT_CHUNK_DECODE = 256  # keys per split at T = 1 (splits over the KV length fill the GPU)
 
@@ -183,6 +183,9 @@ class CudaBackend(Backend):
         self._recent = []   # weakrefs to the latest pending buffers (siblings share one launch)
         self._kvq = []      # deferred kv_write calls (K and V share one launch)
         self._staged = []   # weights prepared but not yet copied (see _commit)
+        self._invf = {}     # RoPE inverse frequencies per (n_rot, base)
+        self._amax = DArray(self, (4,), "i32")  # rx_argmax's (key, counter) scratch, self-resetting
+        self.ctx.memset0(self._amax.ptr, 16)
 
     # ---- deferred ops: a few launches fused without any change to the model files ------------
     # matmul (T <= 8), add, rope and kv_write may return before launching. Reading a pending array
@@ -251,9 +254,10 @@ class CudaBackend(Backend):
                 second, x2 = None, None
             n_rot, base, mode = args
             threads = max(32, min(256, ((n_rot // 2 + 31) // 32) * 32))
-            self.k("rx_rope", "ppppipiiifip")((T * (n_head + n_head2), 1, 1), threads, x.ptr, buf.ptr,
+            self.k("rx_rope", "ppppippiiiip")((T * (n_head + n_head2), 1, 1), threads, x.ptr, buf.ptr,
                                               x2.ptr if x2 is not None else 0, second.ptr if second else 0,
-                                              n_head2, pos_ptr, n_head, head_dim, n_rot, base, mode, dyn)
+                                              n_head2, pos_ptr, self._inv_freq(n_rot, base).ptr, n_head, head_dim,
+                                              n_rot, mode, dyn)
             buf.pend = None
             if second is not None:
                 second.pend = None
@@ -518,6 +522,14 @@ class CudaBackend(Backend):
         self._pos_cache = (pos.copy(), d)
         return d
 
+    def _inv_freq(self, n_rot: int, base: float) -> DArray:
+        """base^(-2i / n_rot), i < n_rot/2, in float64 as the NumPy backend computes it (cached)."""
+        key = (n_rot, base)
+        f = self._invf.get(key)
+        if f is None:
+            f = self._invf[key] = self.upload(float(base) ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot), "f64")
+        return f
+
     def rope(self, x, pos, n_rot: int, freq_base: float, mode: int = ROPE_NORM):
         x = self._f32(x, "rope input")
         if mode not in (ROPE_NORM, ROPE_NEOX):
@@ -695,7 +707,8 @@ class CudaBackend(Backend):
         n = x.shape[-1]
         row = x.reshape(-1, n)[-1]
         out = self.empty((1,), "i32")
-        self.k("rx_argmax", "pipp")((1, 1, 1), 1024, row.ptr, n, out.ptr, self._state.ptr if to_state else 0)
+        self.k("rx_argmax", "pippp")(((n + 2047) // 2048, 1, 1), 256, row.ptr, n, out.ptr,
+                                     self._state.ptr if to_state else 0, self._amax.ptr)
         return out
 
     def argmax_id(self, x) -> int:
