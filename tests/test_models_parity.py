@@ -29,7 +29,7 @@ MODELS = os.environ.get("REFLEX_MODELS", os.path.expanduser("~/.cache/reflex/mod
 # name -> (GGUF file, recorded reference)
 CASES = {
     "llama": (os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf"), "llama_ref_smollm2.json"),
-    # "gemma3": (os.path.join(MODELS, "gemma-3-270m-q4_k_m.gguf"), "gemma3_ref_models.json"),
+    "gemma3": (os.path.join(MODELS, "gemma-3-270m-q4_k_m.gguf"), "gemma3_ref_models.json"),
     "qwen2": (os.path.join(DATA, "fixtures", "qwen2.gguf"), "qwen2_ref_models.json"),
     "qwen3": (os.path.join(DATA, "fixtures", "qwen3.gguf"), "qwen3_ref_models.json"),
 }
