@@ -95,3 +95,13 @@ class Backend(abc.ABC):
     def swiglu(self, gate, up):
         """silu(gate) * up; backends may fuse it."""
         return self.mul(self.silu(gate), up)
+
+    def expert_matmul(self, x, w, expert_ids, weights=None):
+        """Mixture-of-experts products with a prepared 3-D weight w (n_expert, n_out, n_in).
+
+        expert_ids (T, K) host ints select K experts per row; x is (T, n_in) (the same input for the
+        K experts: gate/up) or (T, K, n_in) (one input per slot: down).
+        Without `weights`: (T, K, n_out), slot [t, k] = x[t(, k)] @ w[expert_ids[t, k]].T.
+        With `weights` (T, K) host floats: (T, n_out) = sum_k weights[t, k] * slot [t, k].
+        Only the selected experts' weights are read."""
+        raise NotImplementedError(f"{self.name} backend has no expert_matmul")

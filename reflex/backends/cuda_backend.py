@@ -682,6 +682,67 @@ class CudaBackend(Backend):
     def add(self, a, b):
         return self._binary(a, b, 0)
 
+    def expert_matmul(self, x, w, expert_ids, weights=None):
+        """Base contract. A 3-D weight's expert e is the contiguous byte range e * nbytes / n_expert
+        of its buffer, so each expert is a 2-D `QWeight` view run by the ordinary matmul (matvec
+        reading the blocks at decode, dequant + GEMM for larger groups): only the selected
+        experts' weights are read. The slots routed to one expert are gathered into contiguous rows
+        (rx_get_rows_f32) so each expert runs once; results go to their slots with rx_binary
+        (scaled by the routing weight and accumulated when `weights` is given). expert_ids and
+        weights are host arrays, so this op cannot be captured into a CUDA graph."""
+        if self._staged:
+            self._commit()
+        if not isinstance(w, QWeight) or w.ndim != 3:
+            raise InvalidRequest("cuda backend: expert_matmul needs a prepared 3-D weight")
+        n_expert, n_out, n_in = w.shape
+        ids = np.asarray(expert_ids, dtype=np.int64)               # (T, K)
+        if ids.ndim != 2:
+            raise InvalidRequest(f"expert_matmul: expert_ids must be (T, K), got {ids.shape}")
+        T, K = ids.shape
+        if ids.size and (ids.min() < 0 or ids.max() >= n_expert):
+            raise InvalidRequest(f"expert id out of range [0, {n_expert})")
+        x = self._f32(x, "expert_matmul input")
+        if x.shape not in ((T, n_in), (T, K, n_in)):
+            raise InvalidRequest(f"expert_matmul: input {x.shape} does not match ids {ids.shape}, weight {w.shape}")
+        per_expert = w.nbytes // n_expert
+        flat = ids.reshape(-1)
+        src = np.repeat(np.arange(T), K) if x.ndim == 2 else np.arange(T * K)  # input row of each slot
+        order = np.argsort(flat, kind="stable")
+        gathered = self.empty((T * K, n_in))                       # slots sorted by expert
+        idx = self._ints(src[order])
+        self.k("rx_get_rows_f32", "pppi")(((n_in + 255) // 256, T * K, 1), 256, x.ptr, idx.ptr,
+                                          gathered.ptr, n_in)
+        if weights is None:
+            out = self.empty((T, K, n_out))
+        else:
+            wt = np.asarray(weights, dtype=np.float32).reshape(T * K)
+            out = self.empty((T, n_out))
+            self.ctx.memset0(out.ptr, out.nbytes)
+        row_bytes = n_out * 4
+        tmp = self.empty((n_out,))
+        binary = self.k("rx_binary", "pppllif")
+        grid = self._grid1(n_out)
+        a = 0
+        while a < T * K:
+            e = int(flat[order[a]])
+            b = a
+            while b < T * K and flat[order[b]] == e:
+                b += 1
+            view = QWeight(w.ptr + e * per_expert, w.ggml_type, (n_out, n_in), per_expert)
+            y = self._f32(self.matmul(gathered[a:b], view), "expert product")  # (b - a, n_out)
+            for j in range(a, b):
+                s = int(order[j])
+                yj = y.ptr + (j - a) * row_bytes
+                if weights is None:      # out[t, k] = y_j * 1
+                    binary(grid, 256, yj, 0, out.ptr + s * row_bytes, n_out, 1, 1, 1.0)
+                else:                    # out[t] += weight * y_j
+                    dst = out.ptr + (s // K) * row_bytes
+                    binary(grid, 256, yj, 0, tmp.ptr, n_out, 1, 1, float(wt[s]))
+                    binary(grid, 256, dst, tmp.ptr, dst, n_out, n_out, 0, 0.0)
+            a = b
+        del idx, gathered
+        return out
+
     def swiglu(self, gate, up):
         if self.fuse and isinstance(gate, DArray) and isinstance(up, DArray) and gate.buf.pend and up.buf.pend:
             pg, pu = gate.buf.pend, up.buf.pend

@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from reflex.backends.base import ROPE_NEOX, ROPE_NORM, Backend
-from reflex.errors import ModelFormatError
+from reflex.errors import InvalidRequest, ModelFormatError
 
 # Abramowitz & Stegun 7.1.26: erf(z) = 1 - t*P(t)*exp(-z^2), t = 1/(1 + p*z), z >= 0; |error| <= 1.5e-7
 _AS_P = np.float32(0.3275911)
@@ -215,3 +215,26 @@ class NumpyBackend(Backend):
         g = gate / (1.0 + np.exp(-gate))
         g *= up
         return g
+
+    def expert_matmul(self, x, w, expert_ids, weights=None):
+        ids = np.asarray(expert_ids, dtype=np.int64)             # (T, K)
+        T, K = ids.shape
+        n_expert, n_out, n_in = w.shape
+        if ids.size and (ids.min() < 0 or ids.max() >= n_expert):
+            raise InvalidRequest(f"expert id out of range [0, {n_expert})")
+        x = np.asarray(x, dtype=np.float32)
+        xs = np.broadcast_to(x[:, None, :], (T, K, n_in)) if x.ndim == 2 else x
+        if xs.shape != (T, K, n_in):
+            raise InvalidRequest(f"expert_matmul: input {x.shape} does not match ids {ids.shape}, weight {w.shape}")
+        xs = xs.reshape(T * K, n_in)
+        flat = ids.reshape(-1)
+        y = np.empty((T * K, n_out), dtype=np.float32)
+        # one GEMM per selected expert over all the slots routed to it (not one per slot)
+        for e in np.unique(flat):
+            rows = np.nonzero(flat == e)[0]
+            y[rows] = xs[rows] @ w[e].T
+        y = y.reshape(T, K, n_out)
+        if weights is None:
+            return y
+        wt = np.asarray(weights, dtype=np.float32).reshape(T, K, 1)
+        return (y * wt).sum(axis=1)                                # (T, n_out)
