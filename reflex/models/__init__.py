@@ -17,6 +17,7 @@ ARCHITECTURES = {
     "gemma3": "gemma3",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen3moe": "qwen3moe",
     "llama-embed": "llama_embed",
 }
 # other spellings of the same architecture

@@ -1,0 +1,163 @@
+"""The `qwen3moe` architecture: qwen3's attention with a sparse mixture-of-experts FFN in every layer.
+
+- attention is qwen3's (per-head q/k RMSNorm, NEOX RoPE, head_dim from key_length);
+- router `ffn_gate_inp` (n_expert, n_embd): softmax over all experts, the top `expert_used_count`
+  kept, their weights renormalized to sum 1 when `qwen3moe.expert_weights_norm` is true. The converter
+  does not write that key for qwen3moe and llama.cpp always renormalizes for it (Qwen3's
+  norm_topk_prob is true), so it defaults to true;
+- experts are 3-D tensors ffn_gate_exps / ffn_up_exps (n_expert, n_ff_exp, n_embd) and ffn_down_exps
+  (n_expert, n_embd, n_ff_exp), n_ff_exp = `qwen3moe.expert_feed_forward_length`, run by the backend's
+  expert_matmul (only the selected experts are read); no shared expert;
+- the output projection is untied in the real family (`output.weight`); tied when it is absent.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from reflex.backends.base import Backend
+from reflex.errors import ModelFormatError
+from reflex.models._common import DecoderHParams, KVCache, _key, _Weights, check_forward_args, head_out
+from reflex.models.qwen3 import Attention
+
+
+@dataclasses.dataclass
+class HParams(DecoderHParams):
+    n_expert: int = 0             # {arch}.expert_count
+    n_expert_used: int = 0        # {arch}.expert_used_count
+    n_ff_exp: int = 0             # {arch}.expert_feed_forward_length
+    expert_weights_norm: bool = True  # {arch}.expert_weights_norm (absent: true, as llama.cpp)
+    arch: str = "qwen3moe"
+
+    def __post_init__(self):
+        super().__post_init__()
+
+        def bad(key, why):
+            raise ModelFormatError(f"invalid hyperparameter {self.arch}.{key}: {why}", kind="invalid_key")
+
+        if self.n_expert <= 0:
+            bad("expert_count", f"must be positive, got {self.n_expert}")
+        if not 0 < self.n_expert_used <= self.n_expert:
+            bad("expert_used_count", f"{self.n_expert_used} (expert_count {self.n_expert})")
+        if self.n_ff_exp <= 0:
+            bad("expert_feed_forward_length", f"must be positive, got {self.n_ff_exp}")
+
+    @classmethod
+    def from_gguf(cls, f, arch: str) -> "HParams":
+        n_ff_exp = _key(f, arch, "expert_feed_forward_length", int)
+        # feed_forward_length (the dense size) is unused when every layer is sparse; allow it absent
+        base = DecoderHParams.from_gguf(_WithDefault(f, {f"{arch}.feed_forward_length": n_ff_exp}), arch)
+        return cls(**dataclasses.asdict(base),
+                   n_expert=_key(f, arch, "expert_count", int),
+                   n_expert_used=_key(f, arch, "expert_used_count", int),
+                   n_ff_exp=n_ff_exp,
+                   expert_weights_norm=_flag(f, f"{arch}.expert_weights_norm", True))
+
+
+def _flag(f, key: str, default: bool) -> bool:
+    v = f.get(key, None)
+    if v is None:
+        return default
+    if not isinstance(v, (bool, np.bool_)):
+        raise ModelFormatError(f"invalid hyperparameter {key!r}: {v!r} (expected a bool)", kind="invalid_key")
+    return bool(v)
+
+
+class _WithDefault:
+    """A GGUF file whose get() falls back to `defaults` for keys it lacks."""
+
+    def __init__(self, f, defaults):
+        self.f, self.defaults = f, defaults
+        self.metadata = f.metadata
+        self.tensors = f.tensors
+
+    def get(self, key, default=None):
+        return self.f.get(key, self.defaults.get(key, default))
+
+
+class FFN:
+    """Sparse MoE: sum over the top-k experts e of p_e * down_e(silu(gate_e(x)) * up_e(x))."""
+
+    def __init__(self, w: _Weights, hp: HParams, i: int):
+        p = f"blk.{i}."
+        E, F, X = hp.n_embd, hp.n_ff_exp, hp.n_expert
+        self.hp = hp
+        self.w_router = w.get(p + "ffn_gate_inp.weight", (X, E))        # (n_expert, n_embd)
+        self.w_gate = w.get(p + "ffn_gate_exps.weight", (X, F, E))      # (n_expert, n_ff_exp, n_embd)
+        self.w_up = w.get(p + "ffn_up_exps.weight", (X, F, E))          # (n_expert, n_ff_exp, n_embd)
+        self.w_down = w.get(p + "ffn_down_exps.weight", (X, E, F))      # (n_expert, n_embd, n_ff_exp)
+
+    def route(self, b: Backend, x):
+        """(expert ids (T, K), weights (T, K)) on the host: float32 softmax over all experts, top-k."""
+        logits = b.to_numpy(b.matmul(x, self.w_router)).astype(np.float32)  # (T, n_expert)
+        p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        K = self.hp.n_expert_used
+        ids = np.argsort(-p, axis=-1, kind="stable")[:, :K]                  # (T, K), best first
+        wt = np.take_along_axis(p, ids, axis=-1)                             # (T, K)
+        if self.hp.expert_weights_norm:
+            wt = wt / wt.sum(axis=-1, keepdims=True)
+        return ids, wt.astype(np.float32)
+
+    def __call__(self, b: Backend, x):
+        ids, wt = self.route(b, x)
+        g = b.expert_matmul(x, self.w_gate, ids)                   # (T, K, n_ff_exp)
+        u = b.expert_matmul(x, self.w_up, ids)                     # (T, K, n_ff_exp)
+        return b.expert_matmul(b.swiglu(g, u), self.w_down, ids, wt)  # (T, n_embd)
+
+
+class Block:
+    def __init__(self, w: _Weights, hp: HParams, i: int):
+        p = f"blk.{i}."
+        self.hp = hp
+        self.i = i
+        self.attn_norm = w.get(p + "attn_norm.weight", (hp.n_embd,))
+        self.ffn_norm = w.get(p + "ffn_norm.weight", (hp.n_embd,))
+        self.attn = Attention(w, hp, i)
+        self.ffn = FFN(w, hp, i)
+
+    def __call__(self, b: Backend, x, pos, cache: KVCache, n_past: int, mask=None):
+        h = b.rms_norm(x, self.attn_norm, self.hp.rms_eps)                           # (T, n_embd)
+        x = b.add(x, self.attn(b, h, pos, cache.k[self.i], cache.v[self.i], n_past, mask))
+        h = b.rms_norm(x, self.ffn_norm, self.hp.rms_eps)
+        return b.add(x, self.ffn(b, h))                                               # (T, n_embd)
+
+
+class Model:
+    def __init__(self, f, backend: Backend, hp: HParams):
+        self.backend = backend
+        self.hp = hp
+        self.arch = hp.arch
+        w = _Weights(f, backend)
+        self.tok_embd = w.get("token_embd.weight", (hp.n_vocab, hp.n_embd))  # (n_vocab, n_embd)
+        self.blocks = [Block(w, hp, i) for i in range(hp.n_layer)]
+        self.output_norm = w.get("output_norm.weight", (hp.n_embd,))
+        if w.has("output.weight"):
+            self.output = w.get("output.weight", (hp.n_vocab, hp.n_embd))    # (n_vocab, n_embd)
+        else:
+            self.output = self.tok_embd  # tied embeddings
+
+    @property
+    def n_vocab(self) -> int:
+        return self.hp.n_vocab
+
+    def new_cache(self, n_ctx: int | None = None) -> KVCache:
+        hp = self.hp
+        return KVCache(self.backend, hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx or hp.n_ctx_train)
+
+    def forward(self, token_ids, cache: KVCache, last_only: bool = False, positions=None,
+                attn_mask=None, output: str = "logits") -> np.ndarray:
+        """Same contract as llama.Model.forward."""
+        b = self.backend
+        ids, pos, n_past, mask = check_forward_args(token_ids, cache, self.hp.n_vocab, positions,
+                                                    attn_mask, output)
+        x = b.embed(self.tok_embd, ids)                             # (T, n_embd)
+        for blk in self.blocks:
+            x = blk(b, x, pos, cache, n_past, mask)
+        cache.n = n_past + ids.shape[0]
+        return head_out(b, x, self.output_norm, self.hp.rms_eps, self.output, output, last_only)
+
+
+def load(f, backend: Backend, arch: str = "qwen3moe") -> Model:
+    return Model(f, backend, HParams.from_gguf(f, arch))
