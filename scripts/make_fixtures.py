@@ -48,10 +48,23 @@ def _qwen3():
     return Qwen3ForCausalLM(Qwen3Config(**_SHAPE))
 
 
+def _qwen3moe():
+    # Qwen3-30B-A3B's layout (head_dim 128, GQA, every layer sparse, no shared expert, untied output,
+    # norm_topk_prob true) scaled down: 8 experts, top-2, n_ff_exp 16; n_embd 8 keeps the two f16
+    # vocab matrices (untied, like the real family) at 0.8 MB each
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    shape = dict(_SHAPE, hidden_size=8, intermediate_size=24, tie_word_embeddings=False)
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(**shape, moe_intermediate_size=16, num_experts=8,
+                                              num_experts_per_tok=2, norm_topk_prob=True,
+                                              decoder_sparse_step=1, mlp_only_layers=[]))
+
+
 # name -> (builder, seed)
 RECIPES = {
     "qwen2": (_qwen2, 2),
     "qwen3": (_qwen3, 3),
+    "qwen3moe": (_qwen3moe, 4),
 }
 
 
