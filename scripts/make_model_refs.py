@@ -3,8 +3,9 @@
 Cases (NAME -> what transformers loads):
   gemma3       the real Gemma-3-270M Q4_K_M GGUF: AutoModelForCausalLM.from_pretrained(models_dir,
                gguf_file=..., torch_dtype=float32) (transformers dequantizes it to fp32);
-  qwen2, qwen3 the tiny random models saved by scripts/make_fixtures.py (their HF directory, fp32;
-               every weight is exactly representable in the f16 fixture GGUF).
+  qwen2, qwen3, qwen3moe the tiny random models saved by scripts/make_fixtures.py (their HF
+               directory, fp32; every weight is exactly representable in the f16 fixture GGUF);
+  qwen3moe_nonorm the qwen3moe model loaded with norm_topk_prob=False.
 For each prompt: the prompt ids (transformers' tokenizer), 32 greedy new tokens (plain argmax with
 transformers' KV cache, EOS not special) and a digest of the prompt logits: for each recorded row
 (every prompt position; the last 4 for prompts longer than 64 tokens) the top-20 ids/values, the
@@ -47,6 +48,9 @@ CASES = {
                 _TEXT * 12 + "In summary, the city"]),
     "qwen2": ("hf", "qwen2", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
     "qwen3": ("hf", "qwen3", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
+    "qwen3moe": ("hf", "qwen3moe", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
+    # the same weights with norm_topk_prob false (the top-k routing weights not renormalized)
+    "qwen3moe_nonorm": ("hf", "qwen3moe", []),
 }
 
 
@@ -60,7 +64,8 @@ def _load(name):
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     tok = TokenizersBackend.from_pretrained(d)  # as saved (see make_fixtures.py on Qwen2Tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
+    kw = {"norm_topk_prob": False} if name.endswith("_nonorm") else {}
+    model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32, **kw)
     return tok, model, f"tests/data/fixtures/{where}.gguf"
 
 
