@@ -133,7 +133,7 @@ def _embed_ids(eng, seqs: list, normalize: bool):
         if len(s) > limit:
             from reflex.errors import ContextOverflow
             raise ContextOverflow(f"input[{i}] is {len(s)} tokens; the limit is {limit}")
-    p = pooling_of(eng.model)
+    p = pooling_of(eng.model, metadata=eng.gguf.metadata)
     v = np.stack([pool(h, p) for h in hidden_states(eng.model, seqs)])       # (N, n_embd)
     return l2_normalize(v) if normalize else v
 
