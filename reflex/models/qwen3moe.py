@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from reflex.backends.base import Backend
-from reflex.errors import ModelFormatError
+from reflex.errors import InvalidRequest, ModelFormatError
 from reflex.models._common import DecoderHParams, KVCache, _key, _Weights, check_forward_args, head_out
 from reflex.models.qwen3 import Attention
 
@@ -90,6 +90,10 @@ class FFN:
 
     def route(self, b: Backend, x):
         """(expert ids (T, K), weights (T, K)) on the host: float32 softmax over all experts, top-k."""
+        if getattr(b, "capturing", False):
+            # the expert ids choose which weight bytes a step reads: a replayed CUDA graph cannot
+            raise InvalidRequest("qwen3moe routes on the host: CUDA-graph decode is not supported "
+                                 "(set REFLEX_CUDA_GRAPH=0)")
         logits = b.to_numpy(b.matmul(x, self.w_router)).astype(np.float32)  # (T, n_expert)
         p = np.exp(logits - logits.max(axis=-1, keepdims=True))
         p /= p.sum(axis=-1, keepdims=True)
