@@ -131,9 +131,14 @@ def hidden_states(model, seqs: list, pack_tokens: int = PACK_TOKENS) -> list:
             cache = model.new_cache(len(ids))
             out[i] = model.forward(ids, cache, output="hidden")                   # (T_i, n_embd)
         return out
-    workers = _n_workers() if getattr(model.backend, "name", "") == "numpy" else 1
+    on_numpy = getattr(model.backend, "name", "") == "numpy"
+    workers = _n_workers() if on_numpy else 1
     total = sum(len(s) for s in seqs)
     budget = pack_tokens if workers == 1 else min(pack_tokens, max(512, -(-total // workers)))
+    if not on_numpy:
+        # a packed forward joins the per-sequence attention outputs on the host (np.concatenate);
+        # a GPU backend already fills its cores with one sequence, so it runs them one by one
+        budget = 0
     packs = _packs(seqs, budget)
 
     def run(pack):
