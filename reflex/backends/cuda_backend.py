@@ -710,8 +710,10 @@ class CudaBackend(Backend):
         order = np.argsort(flat, kind="stable")
         gathered = self.empty((T * K, n_in))                       # slots sorted by expert
         idx = self._ints(src[order])
-        self.k("rx_get_rows_f32", "pppi")(((n_in + 255) // 256, T * K, 1), 256, x.ptr, idx.ptr,
-                                          gathered.ptr, n_in)
+        for c in range(0, T * K, 65535):  # rows on grid.y (at most 65535 per launch)
+            n_c = min(65535, T * K - c)
+            self.k("rx_get_rows_f32", "pppi")(((n_in + 255) // 256, n_c, 1), 256, x.ptr, idx.ptr + 4 * c,
+                                              gathered.ptr + c * n_in * 4, n_in)
         if weights is None:
             out = self.empty((T, K, n_out))
         else:
