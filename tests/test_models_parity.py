@@ -32,6 +32,7 @@ CASES = {
     "gemma3": (os.path.join(MODELS, "gemma-3-270m-q4_k_m.gguf"), "gemma3_ref_models.json"),
     "qwen2": (os.path.join(DATA, "fixtures", "qwen2.gguf"), "qwen2_ref_models.json"),
     "qwen3": (os.path.join(DATA, "fixtures", "qwen3.gguf"), "qwen3_ref_models.json"),
+    "qwen3moe": (os.path.join(DATA, "fixtures", "qwen3moe.gguf"), "qwen3moe_ref_models.json"),
 }
 
 
