@@ -1,13 +1,14 @@
-"""qwen3moe (reflex/models/qwen3moe.py) on the NumPy backend, against transformers.
+"""qwen3moe (reflex/models/qwen3moe.py) on the NumPy backend, against transformers: what the shared
+runner does not cover.
 
 The fixture tests/data/fixtures/qwen3moe.gguf is a tiny random Qwen3MoeForCausalLM (8 experts, top-2,
 untied output) made by scripts/make_fixtures.py and converted by llama.cpp's convert_hf_to_gguf.py.
-Reference: outputs recorded from transformers fp32 by scripts/make_model_refs.py (qwen3moe, and
-qwen3moe_nonorm = the same weights with norm_topk_prob=False); CI checks against these recordings and
-does not run transformers. Same checks as tests/test_models_parity.py (kept here, not in its CASES,
-while that runner is being edited by its owner): prompt logits within 1e-3 relative (max |ours - ref|
-over the recorded entries / max |ref|), 32 identical greedy tokens, prefill == step-by-step decode,
-and a tree-masked forward equal to separate forwards.
+tests/test_models_parity.py runs it (case "qwen3moe": transformers parity with norm_topk_prob true,
+prefill == decode, tree mask). Here: parity with norm_topk_prob false (expert_weights_norm off)
+against outputs recorded from transformers fp32 by scripts/make_model_refs.py qwen3moe_nonorm (CI
+reads the recording, it does not run transformers): prompt logits within 1e-3 relative (max |ours -
+ref| over the recorded entries / max |ref|) and 32 identical greedy tokens; that the flag changes the
+result; that routing reaches most experts; the expert_matmul op; hyperparameter errors.
 """
 import json
 import os
@@ -47,7 +48,7 @@ def _rel(a, b):
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-@pytest.mark.parametrize("which,i", [(w, i) for w in REFS for i in range(len(_ref(w)["cases"]))])
+@pytest.mark.parametrize("which,i", [("nonorm", i) for i in range(len(_ref("nonorm")["cases"]))])
 def test_reference_parity(model, which, i):
     ref = _ref(which)
     case = ref["cases"][i]
@@ -101,39 +102,6 @@ def test_routing_uses_many_experts(model):
     finally:
         FFN.route = orig
     assert len(seen) >= 6
-
-
-def test_prefill_equals_decode(model):
-    case = _ref("norm")["cases"][0]
-    seq = case["prompt_ids"] + case["greedy_ids"][:8]
-    full = model.forward(seq, model.new_cache(len(seq)))               # (T, n_vocab)
-    cache = model.new_cache(len(seq))
-    steps = np.concatenate([model.forward([t], cache) for t in seq])   # (T, n_vocab)
-    assert _rel(steps, full) < 1e-4
-    lo = model.forward(seq, model.new_cache(len(seq)), last_only=True)
-    assert lo.shape == (1, full.shape[1]) and _rel(lo[0], full[-1]) < 1e-4
-
-
-def test_tree_mask(model):
-    """Context + two branches in one forward (positions restart after the context, attn_mask hides
-    each branch from the other) == two separate forwards (reflex/system1.py relies on this)."""
-    case = _ref("norm")["cases"][1]
-    ctx, g = case["prompt_ids"][:8], case["greedy_ids"]
-    a, b = g[:3], g[3:7]
-    C, A, B = len(ctx), len(a), len(b)
-    cache = model.new_cache(C + A + B)
-    model.forward(ctx, cache)
-    mask = np.zeros((A + B, C + A + B), dtype=bool)
-    mask[:, :C] = True
-    mask[:A, C:C + A] = np.tril(np.ones((A, A), dtype=bool))
-    mask[A:, C + A:] = np.tril(np.ones((B, B), dtype=bool))
-    pos = np.concatenate([np.arange(C, C + A), np.arange(C, C + B)])
-    tree = model.forward(a + b, cache, positions=pos, attn_mask=mask)  # (A+B, n_vocab)
-    sep_a = model.forward(ctx + a, model.new_cache(C + A))[C:]
-    sep_b = model.forward(ctx + b, model.new_cache(C + B))[C:]
-    assert _rel(tree[:A], sep_a) < 1e-4 and _rel(tree[A:], sep_b) < 1e-4
-    plain = model.forward(ctx + a + b, model.new_cache(C + A + B))[C + A:]
-    assert _rel(plain, sep_b) > 1e-3  # the mask really hides the other branch
 
 
 def test_expert_matmul_numpy():
