@@ -799,7 +799,10 @@ class GreedyDecoder:
     def __init__(self, backend: CudaBackend, model, cache, use_graph: bool | None = None):
         self.b, self.model, self.cache = backend, model, cache
         if use_graph is None:
-            use_graph = os.environ.get("REFLEX_CUDA_GRAPH", "1") != "0"
+            # a model that decides on the host mid-step (qwen3moe routes experts there) cannot be
+            # replayed from a graph; it still gets device argmax, launched eagerly
+            use_graph = (os.environ.get("REFLEX_CUDA_GRAPH", "1") != "0"
+                         and getattr(model, "graph_capturable", True))
         self.use_graph = use_graph
         self.graph = None
         self.out = None

@@ -129,6 +129,8 @@ class Block:
 
 
 class Model:
+    graph_capturable = False  # expert routing reads the router's output on the host each step
+
     def __init__(self, f, backend: Backend, hp: HParams):
         self.backend = backend
         self.hp = hp
