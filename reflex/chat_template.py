@@ -46,6 +46,23 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# Gemma models (gemma, gemma2, gemma3 ...) were trained on turns, not ChatML: `<start_of_turn>user\n
+# ...<end_of_turn>\n<start_of_turn>model\n`, the assistant role named "model", and no system role (Google's
+# template puts system text in front of the first user turn). Used when a Gemma GGUF has no template.
+# BOS is left to the tokenizer (add_bos_token), which the engine applies when it encodes the prompt.
+GEMMA_CHAT_TEMPLATE = (
+    "{%- set ns = namespace(sys='', first=true) -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}{%- set ns.sys = ns.sys + message['content'] + '\n\n' -%}"
+    "{%- else -%}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' }}"
+    "{%- if ns.first and message['role'] == 'user' -%}{{ ns.sys }}{%- set ns.first = false -%}{%- endif -%}"
+    "{{ message['content'] | trim + '<end_of_turn>\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
 _CACHE: dict[str, Any] = {}
 _CACHE_LOCK = None  # threading.Lock, created with the environment
 _ENV = None
@@ -236,6 +253,8 @@ class ChatTemplate:
             source = _md_str(md.get(f"tokenizer.chat_template.{name}"))
         if source is None:
             source = _md_str(md.get("tokenizer.chat_template"))
+        if source is None and str(md.get("general.architecture", "")).startswith("gemma"):
+            source = GEMMA_CHAT_TEMPLATE
         tokens = md.get("tokenizer.ggml.tokens")
 
         def tok(key: str) -> str:

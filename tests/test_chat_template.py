@@ -205,3 +205,18 @@ def test_from_real_gguf_metadata():
     assert tpl.source == REF["templates"][SMOL]
     case = next(c for c in CASES if c["template"] == SMOL and c["id"] == "multi_turn-agp1")
     assert tpl.render(case["messages"], add_generation_prompt=True) == case["expected"]
+
+
+def test_gemma_without_template_gets_gemma_turns():
+    """A template-less Gemma GGUF gets Gemma's turn format (the format Google's own template writes:
+    no system role, system text before the first user turn, assistant named "model"), not ChatML."""
+    from reflex.chat_template import ChatTemplate
+
+    t = ChatTemplate.from_metadata({"general.architecture": "gemma3"})
+    out = t.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}])
+    assert out == ("<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+                   "<start_of_turn>model\nHello!<end_of_turn>\n"
+                   "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    assert "<|im_start|>" in ChatTemplate.from_metadata({"general.architecture": "llama"}).render(
+        [{"role": "user", "content": "Hi"}])
