@@ -138,6 +138,16 @@ class Engine:
     def __exit__(self, *exc):
         self.close()
 
+    def memory(self) -> dict:
+        """What this engine holds: the GGUF's tensor bytes (memory-mapped, paged in on use) and the
+        backend's resident weight bytes (float32 copies on NumPy; the GGUF blocks on CUDA), plus
+        whatever else the backend reports (process RSS, GPU allocations)."""
+        d = {"gguf_tensor_bytes": int(sum(t.nbytes for t in self.gguf.tensors.values()))}
+        mem = getattr(self.model.backend, "memory", None) if self.model is not None else None
+        if mem is not None:
+            d.update(mem())
+        return d
+
     @property
     def load_s(self) -> float:
         return self.load_timings["load_s"]

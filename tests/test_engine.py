@@ -225,3 +225,16 @@ def test_tokenize_command_json():
                           "Hello world"], capture_output=True, text=True, check=True).stdout
     d = json.loads(out)
     assert d["ids"] == [19556, 905] and d["pieces"] == ["Hello", " world"]
+
+
+def test_memory_reports_resident_weights(eng):
+    """NumPy keeps one float32 copy per tensor (tied output shares the embedding's), so its resident
+    weight bytes are 4 bytes per element of every tensor in the GGUF's table; the GGUF bytes are
+    the table's own sizes."""
+    import numpy as np
+
+    m = eng.memory()
+    tensors = eng.gguf.tensors.values()
+    assert m["gguf_tensor_bytes"] == sum(t.nbytes for t in tensors)
+    assert m["weight_bytes"] == sum(4 * int(np.prod(t.shape)) for t in tensors)
+    assert m["process_rss_bytes"] is None or m["process_rss_bytes"] >= m["weight_bytes"] // 2

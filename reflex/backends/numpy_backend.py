@@ -83,6 +83,7 @@ class NumpyBackend(Backend):
     def __init__(self, n_threads: int | None = None):
         """n_threads: BLAS threads (default: env REFLEX_NUM_THREADS, else the BLAS default)."""
         self._inv_freq = {}
+        self.weight_bytes = 0  # float32 bytes of every prepared weight (the dequantized copies)
         if n_threads is None and os.environ.get("REFLEX_NUM_THREADS"):
             n_threads = int(os.environ["REFLEX_NUM_THREADS"])
         if n_threads:
@@ -96,9 +97,21 @@ class NumpyBackend(Backend):
         try:
             # dequantize writes into a fresh, owned, contiguous float32 array, so no second copy
             # is needed (one copy of ~533 MB for SmolLM2 is already most of the load time)
-            return dequantize(raw_bytes, ggml_type, shape)
+            w = dequantize(raw_bytes, ggml_type, shape)
         except (ValueError, NotImplementedError) as e:
             raise ModelFormatError(f"tensor of shape {shape}: {e}", kind="tensor_shape") from e
+        self.weight_bytes += w.nbytes
+        return w
+
+    def memory(self) -> dict:
+        """Resident weight bytes (float32, dequantized at load) and the process's resident set."""
+        rss = None
+        try:
+            with open("/proc/self/statm") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+        return {"weight_bytes": self.weight_bytes, "process_rss_bytes": rss}
 
     def to_numpy(self, x):
         return np.asarray(x, dtype=np.float32)

@@ -25,13 +25,19 @@ def run(args) -> int:
     ok = res.usage["completion_tokens"] >= 1 and res.text.strip() != ""
     if args.json:
         d = {"ok": ok, "model": str(eng.path), "question": QUESTION, "answer": res.text,
-             "finish_reason": res.finish_reason, "usage": res.usage, "timings": res.timings}
+             "finish_reason": res.finish_reason, "usage": res.usage, "timings": res.timings,
+             "memory": eng.memory()}
         if not ok:
             d["error"] = {"category": "internal", "message": "smoke test generated no text"}
         print(json.dumps(d, ensure_ascii=False))
     else:
         print(f"Q: {QUESTION}\nA: {res.text}")
     print(f"[{res.finish_reason}] " + format_timings(res.timings, res.usage), file=sys.stderr)
+    m = eng.memory()
+    print(f"memory: weights resident {m.get('weight_bytes', 0) / 2**20:.0f} MiB on {args.backend} "
+          f"(GGUF tensors {m['gguf_tensor_bytes'] / 2**20:.0f} MiB)"
+          + (f", process RSS {m['process_rss_bytes'] / 2**20:.0f} MiB" if m.get("process_rss_bytes") else ""),
+          file=sys.stderr)
     if not ok:
         print("reflex smoke: error [internal]: smoke test generated no text", file=sys.stderr)
         return ReflexError("").exit_code
