@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,12 +61,56 @@ def _qwen3moe():
                                               decoder_sparse_step=1, mlp_only_layers=[]))
 
 
+MISTRAL_SWA = 6  # tokens; the reference prompts are 7-20 tokens, so the window cuts in
+
+
+def _mistral_swa():
+    # Mistral-style llama: GQA 2:1 with a sliding window. head_dim = n_embd / n_head because the llama
+    # GGUF layout has no separate key_length for llama.cpp's llama graph.
+    from transformers import MistralConfig, MistralForCausalLM
+
+    shape = dict(_SHAPE, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, rope_theta=10000.0)
+    return MistralForCausalLM(MistralConfig(**shape, sliding_window=MISTRAL_SWA))
+
+
 # name -> (builder, seed)
 RECIPES = {
     "qwen2": (_qwen2, 2),
     "qwen3": (_qwen3, 3),
     "qwen3moe": (_qwen3moe, 4),
+    "mistral_swa": (_mistral_swa, 5),
 }
+# metadata the converter does not write but the architecture defines: llama.cpp's llama converter
+# drops Mistral's sliding_window, so the fixture gets `llama.attention.sliding_window` added after
+# conversion (a rewrite with gguf.GGUFWriter; tensors are copied byte for byte)
+EXTRA_KV = {"mistral_swa": {"llama.attention.sliding_window": MISTRAL_SWA}}
+
+
+def _add_kv(path, extra):
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    tmp = path + ".tmp"
+    w = gguf.GGUFWriter(tmp, arch=str(r.fields["general.architecture"].contents()))
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vt = field.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(name, field.contents(), vt, sub_type=field.types[-1])
+        else:
+            w.add_key_value(name, field.contents(), vt)
+    for k, v in extra.items():
+        w.add_uint32(k, v)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed(t.shape.tolist())),
+                     raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
 
 
 # Runs the converter unchanged, except that AutoTokenizer loads tokenizer.json as saved: transformers 5
@@ -116,6 +161,8 @@ def build(name):
     conv = os.path.join(VENDOR, "convert_hf_to_gguf.py")
     subprocess.run([sys.executable, "-c", _CONVERT, conv, hf_dir, "--outfile", out, "--outtype", "f16"],
                    check=True, env=env)
+    if name in EXTRA_KV:
+        _add_kv(out, EXTRA_KV[name])
     print(f"{name}: {out} ({os.path.getsize(out) / 1e6:.2f} MB), HF source {hf_dir}")
 
 

@@ -49,6 +49,8 @@ CASES = {
     "qwen2": ("hf", "qwen2", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
     "qwen3": ("hf", "qwen3", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
     "qwen3moe": ("hf", "qwen3moe", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
+    # llama with llama.attention.sliding_window = 6 (Mistral-style); every prompt here is longer
+    "mistral_swa": ("hf", "mistral_swa", []),
     # the same weights with norm_topk_prob false (the top-k routing weights not renormalized)
     "qwen3moe_nonorm": ("hf", "qwen3moe", []),
 }

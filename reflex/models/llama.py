@@ -114,6 +114,7 @@ class KVCache:
         self.n = 0
         shape = (n_ctx, hp.n_head_kv, hp.head_dim)
         self.k = [backend.zeros(shape) for _ in range(hp.n_layer)]  # each (n_ctx, n_head_kv, head_dim)
+        self.pos = np.zeros(n_ctx, dtype=np.int64)  # (n_ctx,) RoPE position of each slot (tree masks)
         self.v = [backend.zeros(shape) for _ in range(hp.n_layer)]
 
     def __len__(self):
@@ -248,6 +249,13 @@ class Model:
             pos = np.asarray(positions, dtype=np.int64).reshape(-1)
             if pos.shape != (T,):
                 raise InvalidRequest(f"positions has shape {pos.shape}, expected ({T},)")
+        if attn_mask is not None and self.hp.n_swa:
+            # a given mask decides alone in Backend.attention, so the window joins it here, on the
+            # slots' RoPE positions (a tree's branches share positions, not slot numbers)
+            attn_mask = np.asarray(attn_mask, dtype=bool)
+            kpos = np.concatenate([cache.pos[:n_past], pos])                 # (n_past+T,)
+            attn_mask = attn_mask & ((pos[:, None] - kpos[None, :]) < self.hp.n_swa)
+        cache.pos[n_past:n_past + T] = pos
         x = b.embed(self.tok_embd, ids)                             # (T, n_embd)
         for blk in self.blocks:
             x = blk(b, x, pos, cache, n_past, attn_mask)
