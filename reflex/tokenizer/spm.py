@@ -140,7 +140,10 @@ class SPMTokenizer(BaseTokenizer):
         return self._bytes_ids
 
     def _encode_text(self, text: str, at_start: bool) -> list:
-        seg = self._segmenter() if len(text) > 256 or hasattr(self, "_seg") else None
+        # the segmenter (and its per-word cache) pays off once a long text or ~4 KB of short ones
+        # has gone through: many short lines (documents, batches) would otherwise never get it
+        self._seen = getattr(self, "_seen", 0) + len(text)
+        seg = self._segmenter() if len(text) > 256 or self._seen > 4096 or hasattr(self, "_seg") else None
         if seg is not None and len(text) > 16 and not any(c in text for c in self._crossing):
             text = text.replace(" ", SPACE)
             if self.add_space_prefix and at_start:
