@@ -16,7 +16,7 @@ from reflex.errors import ContextOverflow, InvalidRequest, ModelFormatError
 from reflex.models.llama import _key, _Weights  # noqa: F401  (re-exported for the model files)
 
 __all__ = ["_key", "_Weights", "KVCache", "DecoderHParams", "n_vocab_of", "check_forward_args", "window_mask",
-           "head_out"]
+           "head_out", "PreNormBlock", "DecoderModel"]
 
 
 class KVCache:
@@ -179,3 +179,65 @@ def n_vocab_of(f, arch: str) -> int:
     else:
         return _key(f, arch, "vocab_size", int)
     return _key(f, arch, "vocab_size", int, default)
+
+
+class PreNormBlock:
+    """x + attn(rms_norm(x)), then + ffn(rms_norm(.)): the llama block, with the architecture's own
+    attention and FFN classes (qwen2 biases, qwen3 q/k norms, qwen3moe experts)."""
+
+    def __init__(self, w: _Weights, hp, i: int, attention_cls, ffn_cls):
+        p = f"blk.{i}."
+        self.hp = hp
+        self.i = i
+        self.attn_norm = w.get(p + "attn_norm.weight", (hp.n_embd,))
+        self.ffn_norm = w.get(p + "ffn_norm.weight", (hp.n_embd,))
+        self.attn = attention_cls(w, hp, i)
+        self.ffn = ffn_cls(w, hp, i)
+
+    def __call__(self, b, x, pos, cache: KVCache, n_past: int, mask=None):
+        h = b.rms_norm(x, self.attn_norm, self.hp.rms_eps)                           # (T, n_embd)
+        x = b.add(x, self.attn(b, h, pos, cache.k[self.i], cache.v[self.i], n_past, mask))
+        h = b.rms_norm(x, self.ffn_norm, self.hp.rms_eps)
+        return b.add(x, self.ffn(b, h))                                               # (T, n_embd)
+
+
+class DecoderModel:
+    """token_embd -> PreNormBlock x n_layer -> output_norm -> output (tied to token_embd when
+    `output.weight` is absent). A model file subclasses it naming its `Attention` and `FFN`."""
+
+    Attention = None
+    FFN = None
+    graph_capturable = True  # False where a step decides on the host (see cuda GreedyDecoder)
+
+    def __init__(self, f, backend, hp):
+        self.backend = backend
+        self.hp = hp
+        self.arch = hp.arch
+        w = _Weights(f, backend)
+        self.tok_embd = w.get("token_embd.weight", (hp.n_vocab, hp.n_embd))  # (n_vocab, n_embd)
+        self.blocks = [PreNormBlock(w, hp, i, self.Attention, self.FFN) for i in range(hp.n_layer)]
+        self.output_norm = w.get("output_norm.weight", (hp.n_embd,))
+        if w.has("output.weight"):
+            self.output = w.get("output.weight", (hp.n_vocab, hp.n_embd))    # (n_vocab, n_embd)
+        else:
+            self.output = self.tok_embd  # tied embeddings
+
+    @property
+    def n_vocab(self) -> int:
+        return self.hp.n_vocab
+
+    def new_cache(self, n_ctx: int | None = None) -> KVCache:
+        hp = self.hp
+        return KVCache(self.backend, hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx or hp.n_ctx_train)
+
+    def forward(self, token_ids, cache: KVCache, last_only: bool = False, positions=None,
+                attn_mask=None, output: str = "logits") -> np.ndarray:
+        """Same contract as llama.Model.forward."""
+        b = self.backend
+        ids, pos, n_past, mask = check_forward_args(token_ids, cache, self.hp.n_vocab, positions,
+                                                    attn_mask, output)
+        x = b.embed(self.tok_embd, ids)                             # (T, n_embd)
+        for blk in self.blocks:
+            x = blk(b, x, pos, cache, n_past, mask)
+        cache.n = n_past + ids.shape[0]
+        return head_out(b, x, self.output_norm, self.hp.rms_eps, self.output, output, last_only)

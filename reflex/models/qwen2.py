@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from reflex.backends.base import ROPE_NEOX, Backend
-from reflex.models._common import DecoderHParams, KVCache, _Weights, check_forward_args, head_out
+from reflex.models.llama import FFN
+from reflex.models._common import DecoderHParams, DecoderModel, _Weights
 
 HParams = DecoderHParams
 
@@ -45,70 +44,9 @@ class Attention:
         return b.matmul(o.reshape(T, hp.n_head * hp.head_dim), self.wo)      # (T, n_embd)
 
 
-class FFN:
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
-
-    def __init__(self, w: _Weights, hp: HParams, i: int):
-        p = f"blk.{i}."
-        self.w_gate = w.get(p + "ffn_gate.weight", (hp.n_ff, hp.n_embd))  # (n_ff, n_embd)
-        self.w_up = w.get(p + "ffn_up.weight", (hp.n_ff, hp.n_embd))      # (n_ff, n_embd)
-        self.w_down = w.get(p + "ffn_down.weight", (hp.n_embd, hp.n_ff))  # (n_embd, n_ff)
-
-    def __call__(self, b: Backend, x):
-        h = b.swiglu(b.matmul(x, self.w_gate), b.matmul(x, self.w_up))  # (T, n_ff)
-        return b.matmul(h, self.w_down)                                 # (T, n_embd)
-
-
-class Block:
-    def __init__(self, w: _Weights, hp: HParams, i: int):
-        p = f"blk.{i}."
-        self.hp = hp
-        self.i = i
-        self.attn_norm = w.get(p + "attn_norm.weight", (hp.n_embd,))
-        self.ffn_norm = w.get(p + "ffn_norm.weight", (hp.n_embd,))
-        self.attn = Attention(w, hp, i)
-        self.ffn = FFN(w, hp, i)
-
-    def __call__(self, b: Backend, x, pos, cache: KVCache, n_past: int, mask=None):
-        h = b.rms_norm(x, self.attn_norm, self.hp.rms_eps)                           # (T, n_embd)
-        x = b.add(x, self.attn(b, h, pos, cache.k[self.i], cache.v[self.i], n_past, mask))
-        h = b.rms_norm(x, self.ffn_norm, self.hp.rms_eps)
-        return b.add(x, self.ffn(b, h))                                               # (T, n_embd)
-
-
-class Model:
-    def __init__(self, f, backend: Backend, hp: HParams):
-        self.backend = backend
-        self.hp = hp
-        self.arch = hp.arch
-        w = _Weights(f, backend)
-        self.tok_embd = w.get("token_embd.weight", (hp.n_vocab, hp.n_embd))  # (n_vocab, n_embd)
-        self.blocks = [Block(w, hp, i) for i in range(hp.n_layer)]
-        self.output_norm = w.get("output_norm.weight", (hp.n_embd,))
-        if w.has("output.weight"):
-            self.output = w.get("output.weight", (hp.n_vocab, hp.n_embd))    # (n_vocab, n_embd)
-        else:
-            self.output = self.tok_embd  # tied embeddings
-
-    @property
-    def n_vocab(self) -> int:
-        return self.hp.n_vocab
-
-    def new_cache(self, n_ctx: int | None = None) -> KVCache:
-        hp = self.hp
-        return KVCache(self.backend, hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx or hp.n_ctx_train)
-
-    def forward(self, token_ids, cache: KVCache, last_only: bool = False, positions=None,
-                attn_mask=None, output: str = "logits") -> np.ndarray:
-        """Same contract as llama.Model.forward."""
-        b = self.backend
-        ids, pos, n_past, mask = check_forward_args(token_ids, cache, self.hp.n_vocab, positions,
-                                                    attn_mask, output)
-        x = b.embed(self.tok_embd, ids)                             # (T, n_embd)
-        for blk in self.blocks:
-            x = blk(b, x, pos, cache, n_past, mask)
-        cache.n = n_past + ids.shape[0]
-        return head_out(b, x, self.output_norm, self.hp.rms_eps, self.output, output, last_only)
+class Model(DecoderModel):
+    Attention = Attention
+    FFN = FFN
 
 
 def load(f, backend: Backend, arch: str = "qwen2") -> Model:

@@ -18,7 +18,7 @@ import numpy as np
 
 from reflex.backends.base import Backend
 from reflex.errors import InvalidRequest, ModelFormatError
-from reflex.models._common import DecoderHParams, KVCache, _key, _Weights, check_forward_args, head_out
+from reflex.models._common import DecoderHParams, DecoderModel, _key, _Weights
 from reflex.models.qwen3 import Attention
 
 
@@ -111,58 +111,10 @@ class FFN:
         return b.expert_matmul(b.swiglu(g, u), self.w_down, ids, wt)  # (T, n_embd)
 
 
-class Block:
-    def __init__(self, w: _Weights, hp: HParams, i: int):
-        p = f"blk.{i}."
-        self.hp = hp
-        self.i = i
-        self.attn_norm = w.get(p + "attn_norm.weight", (hp.n_embd,))
-        self.ffn_norm = w.get(p + "ffn_norm.weight", (hp.n_embd,))
-        self.attn = Attention(w, hp, i)
-        self.ffn = FFN(w, hp, i)
-
-    def __call__(self, b: Backend, x, pos, cache: KVCache, n_past: int, mask=None):
-        h = b.rms_norm(x, self.attn_norm, self.hp.rms_eps)                           # (T, n_embd)
-        x = b.add(x, self.attn(b, h, pos, cache.k[self.i], cache.v[self.i], n_past, mask))
-        h = b.rms_norm(x, self.ffn_norm, self.hp.rms_eps)
-        return b.add(x, self.ffn(b, h))                                               # (T, n_embd)
-
-
-class Model:
+class Model(DecoderModel):
     graph_capturable = False  # expert routing reads the router's output on the host each step
-
-    def __init__(self, f, backend: Backend, hp: HParams):
-        self.backend = backend
-        self.hp = hp
-        self.arch = hp.arch
-        w = _Weights(f, backend)
-        self.tok_embd = w.get("token_embd.weight", (hp.n_vocab, hp.n_embd))  # (n_vocab, n_embd)
-        self.blocks = [Block(w, hp, i) for i in range(hp.n_layer)]
-        self.output_norm = w.get("output_norm.weight", (hp.n_embd,))
-        if w.has("output.weight"):
-            self.output = w.get("output.weight", (hp.n_vocab, hp.n_embd))    # (n_vocab, n_embd)
-        else:
-            self.output = self.tok_embd  # tied embeddings
-
-    @property
-    def n_vocab(self) -> int:
-        return self.hp.n_vocab
-
-    def new_cache(self, n_ctx: int | None = None) -> KVCache:
-        hp = self.hp
-        return KVCache(self.backend, hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx or hp.n_ctx_train)
-
-    def forward(self, token_ids, cache: KVCache, last_only: bool = False, positions=None,
-                attn_mask=None, output: str = "logits") -> np.ndarray:
-        """Same contract as llama.Model.forward."""
-        b = self.backend
-        ids, pos, n_past, mask = check_forward_args(token_ids, cache, self.hp.n_vocab, positions,
-                                                    attn_mask, output)
-        x = b.embed(self.tok_embd, ids)                             # (T, n_embd)
-        for blk in self.blocks:
-            x = blk(b, x, pos, cache, n_past, mask)
-        cache.n = n_past + ids.shape[0]
-        return head_out(b, x, self.output_norm, self.hp.rms_eps, self.output, output, last_only)
+    Attention = Attention
+    FFN = FFN
 
 
 def load(f, backend: Backend, arch: str = "qwen3moe") -> Model:
