@@ -13,9 +13,9 @@ import math
 import numpy as np
 
 from reflex.errors import ContextOverflow, InvalidRequest, ModelFormatError
-from reflex.models.llama import _key, _Weights  # noqa: F401  (re-exported for the model files)
+from reflex.models.llama import _key, _Weights, check_decoder_keys, invalid_key  # noqa: F401  (re-exported for the model files)
 
-__all__ = ["_key", "_Weights", "KVCache", "DecoderHParams", "n_vocab_of", "check_forward_args", "window_mask",
+__all__ = ["_key", "_Weights", "check_decoder_keys", "invalid_key", "KVCache", "DecoderHParams", "n_vocab_of", "check_forward_args", "window_mask",
            "head_out", "PreNormBlock", "DecoderModel"]
 
 
@@ -117,26 +117,16 @@ class DecoderHParams:
     arch: str = "qwen3"
 
     def __post_init__(self):
-        a = self.arch
-
         def bad(key, why):
-            raise ModelFormatError(f"invalid hyperparameter {a}.{key}: {why}", kind="invalid_key")
+            invalid_key(self.arch, key, why)
 
-        for key, attr in (("embedding_length", "n_embd"), ("block_count", "n_layer"),
-                          ("attention.head_count", "n_head"), ("feed_forward_length", "n_ff"),
-                          ("context_length", "n_ctx_train"), ("vocab_size", "n_vocab")):
-            if getattr(self, attr) <= 0:
-                bad(key, f"must be positive, got {getattr(self, attr)}")
-        if self.n_head_kv <= 0 or self.n_head % self.n_head_kv:
-            bad("attention.head_count_kv", f"{self.n_head_kv} does not divide head_count {self.n_head}")
+        check_decoder_keys(self)
         if self.head_dim == 0:
             if self.n_embd % self.n_head:
                 bad("embedding_length", f"{self.n_embd} not divisible by head_count {self.n_head}")
             self.head_dim = self.n_embd // self.n_head
         if self.head_dim < 0 or self.head_dim % 2:
             bad("attention.key_length", f"{self.head_dim} (must be positive and even)")
-        if not (0.0 < self.rms_eps < 1.0) or not math.isfinite(self.rms_eps):
-            bad("attention.layer_norm_rms_epsilon", f"{self.rms_eps}")
         if not (self.rope_freq_base > 0.0) or not math.isfinite(self.rope_freq_base):
             bad("rope.freq_base", f"{self.rope_freq_base}")
         if self.n_rot == 0:

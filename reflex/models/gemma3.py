@@ -21,8 +21,8 @@ import numpy as np
 
 from reflex.backends.base import ROPE_NEOX, Backend
 from reflex.errors import ModelFormatError
-from reflex.models._common import (KVCache, _key, _Weights, check_forward_args, head_out, n_vocab_of,
-                                   window_mask)
+from reflex.models._common import (KVCache, _key, _Weights, check_decoder_keys, check_forward_args,
+                                   head_out, invalid_key, n_vocab_of, window_mask)
 
 SWA_PATTERN = 6           # layer i is global iff (i + 1) % SWA_PATTERN == 0
 ROPE_FREQ_BASE_SWA = 10000.0  # local layers' RoPE base; gemma3 GGUFs do not store it
@@ -53,26 +53,16 @@ class HParams:
         return self.n_swa > 0 and (i + 1) % SWA_PATTERN != 0
 
     def __post_init__(self):
-        a = self.arch
-
         def bad(key, why):
-            raise ModelFormatError(f"invalid hyperparameter {a}.{key}: {why}", kind="invalid_key")
+            invalid_key(self.arch, key, why)
 
-        for key, attr in (("embedding_length", "n_embd"), ("block_count", "n_layer"),
-                          ("attention.head_count", "n_head"), ("feed_forward_length", "n_ff"),
-                          ("context_length", "n_ctx_train"), ("vocab_size", "n_vocab")):
-            if getattr(self, attr) <= 0:
-                bad(key, f"must be positive, got {getattr(self, attr)}")
-        if self.n_head_kv <= 0 or self.n_head % self.n_head_kv:
-            bad("attention.head_count_kv", f"{self.n_head_kv} does not divide head_count {self.n_head}")
+        check_decoder_keys(self)
         if self.head_dim == 0:
             if self.n_embd % self.n_head:
                 bad("embedding_length", f"{self.n_embd} not divisible by head_count {self.n_head}")
             self.head_dim = self.n_embd // self.n_head
         if self.head_dim < 0 or self.head_dim % 2:
             bad("attention.key_length", f"{self.head_dim} (must be positive and even)")
-        if not (0.0 < self.rms_eps < 1.0) or not math.isfinite(self.rms_eps):
-            bad("attention.layer_norm_rms_epsilon", f"{self.rms_eps}")
         for key, v in (("rope.freq_base", self.rope_freq_base), ("rope.freq_base_swa", self.rope_freq_base_swa),
                        ("rope.scaling.factor", self.rope_scale)):
             if not (v > 0.0) or not math.isfinite(v):

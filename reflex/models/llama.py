@@ -31,6 +31,25 @@ def _key(f, arch: str, key: str, typ, default=_MISSING):
         raise ModelFormatError(f"invalid hyperparameter {full!r}: {v!r}", kind="invalid_key") from None
 
 
+def invalid_key(arch: str, key: str, why: str):
+    raise ModelFormatError(f"invalid hyperparameter {arch}.{key}: {why}", kind="invalid_key")
+
+
+def check_decoder_keys(hp):
+    """The checks every decoder's hyperparameters share (llama, qwen*, gemma3): positive sizes,
+    head_count_kv dividing head_count, a sane RMSNorm epsilon."""
+    for key, attr in (("embedding_length", "n_embd"), ("block_count", "n_layer"),
+                      ("attention.head_count", "n_head"), ("feed_forward_length", "n_ff"),
+                      ("context_length", "n_ctx_train"), ("vocab_size", "n_vocab")):
+        if getattr(hp, attr) <= 0:
+            invalid_key(hp.arch, key, f"must be positive, got {getattr(hp, attr)}")
+    if hp.n_head_kv <= 0 or hp.n_head % hp.n_head_kv:
+        invalid_key(hp.arch, "attention.head_count_kv",
+                    f"{hp.n_head_kv} does not divide head_count {hp.n_head}")
+    if not (0.0 < hp.rms_eps < 1.0) or not math.isfinite(hp.rms_eps):
+        invalid_key(hp.arch, "attention.layer_norm_rms_epsilon", f"{hp.rms_eps}")
+
+
 @dataclasses.dataclass
 class HParams:
     n_vocab: int
@@ -51,22 +70,12 @@ class HParams:
         return self.n_embd // self.n_head
 
     def __post_init__(self):
-        a = self.arch
-
         def bad(key, why):
-            raise ModelFormatError(f"invalid hyperparameter {a}.{key}: {why}", kind="invalid_key")
+            invalid_key(self.arch, key, why)
 
-        for key, attr in (("embedding_length", "n_embd"), ("block_count", "n_layer"),
-                          ("attention.head_count", "n_head"), ("feed_forward_length", "n_ff"),
-                          ("context_length", "n_ctx_train"), ("vocab_size", "n_vocab")):
-            if getattr(self, attr) <= 0:
-                bad(key, f"must be positive, got {getattr(self, attr)}")
-        if self.n_head_kv <= 0 or self.n_head % self.n_head_kv:
-            bad("attention.head_count_kv", f"{self.n_head_kv} does not divide head_count {self.n_head}")
+        check_decoder_keys(self)
         if self.n_embd % self.n_head:
             bad("embedding_length", f"{self.n_embd} not divisible by head_count {self.n_head}")
-        if not (0.0 < self.rms_eps < 1.0) or not math.isfinite(self.rms_eps):
-            bad("attention.layer_norm_rms_epsilon", f"{self.rms_eps}")
         if not (self.rope_freq_base > 0.0) or not math.isfinite(self.rope_freq_base):
             bad("rope.freq_base", f"{self.rope_freq_base}")
         if self.n_swa < 0:
