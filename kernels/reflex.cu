@@ -8,3 +8,6 @@
 #include "attention.cu"
 #include "elementwise.cu"
 #include "sample.cu"
+#include "ssm.cu"
+#include "deltanet.cu"
+#include "mla.cu"

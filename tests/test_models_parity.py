@@ -11,6 +11,10 @@
 3. Tree mask: context + two branches in one forward (branch positions restart after the context,
    `attn_mask` hides each branch from the other) equals two separate forwards, within 1e-4 relative;
    for gemma3 also with a sliding window of 3 so that the window test on positions is exercised.
+   Models with recurrent layers (Mamba-2, Gated DeltaNet) cannot hide one branch from another inside
+   a recurrence; they say so with `model.tree_mask = False` and their caches offer
+   `snapshot()` / `restore(snap)`. For them the check is: context once, snapshot, branch a,
+   restore, branch b -- each equal to its separate forward (system1 scores them the same way).
 
 Adding an architecture = a model file, an entry in CASES, and its recipe in scripts/make_fixtures.py
 (synthetic) or its reference prompts in scripts/make_model_refs.py.
@@ -138,7 +142,25 @@ def test_prefill_equals_decode(name):
     assert lo.shape == (1, full.shape[1]) and _rel(lo[0], full[-1]) < 1e-4
 
 
+def _fork_check(model, ctx, a, b):
+    C, A, B = len(ctx), len(a), len(b)
+    cache = model.new_cache(C + max(A, B))
+    model.forward(ctx, cache)
+    snap = cache.snapshot()
+    got_a = model.forward(a, cache)
+    cache.restore(snap)
+    got_b = model.forward(b, cache)
+    assert _rel(got_a, model.forward(ctx + a, model.new_cache(C + A))[C:]) < 1e-4
+    assert _rel(got_b, model.forward(ctx + b, model.new_cache(C + B))[C:]) < 1e-4
+    # and restoring really rewinds: without it, b would continue after a
+    cache.restore(snap)
+    model.forward(a, cache)
+    assert _rel(model.forward(b, cache), got_b) > 1e-3
+
+
 def _tree_check(model, ctx, a, b):
+    if not getattr(model, "tree_mask", True):
+        return _fork_check(model, ctx, a, b)
     C, A, B = len(ctx), len(a), len(b)
     cache = model.new_cache(C + A + B)
     model.forward(ctx, cache)

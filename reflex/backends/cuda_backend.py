@@ -21,6 +21,9 @@ import numpy as np
 
 from reflex.backends import cuda_driver as drv
 from reflex.backends.base import ROPE_NEOX, ROPE_NORM, Backend
+from reflex.backends.cuda_deltanet import CudaDeltaNetOps
+from reflex.backends.cuda_mla import CudaMLAOps
+from reflex.backends.cuda_ssm import CudaSSMOps
 from reflex.errors import InvalidRequest, ModelFormatError
 
 # ggml type id -> kernel suffix (kernels/quant.cuh RX_FOR_EACH_TYPE); block size, bytes per block
@@ -163,7 +166,8 @@ class QWeight:
         return f"QWeight({self.suffix}, shape={self.shape})"
 
 
-class CudaBackend(Backend):
+class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, Backend):
+    # op families beyond the dense-transformer core live in mixins (cuda_<family>.py)
     name = "cuda"
     device_sampling = True  # the engine may call argmax / GreedyDecoder
 

@@ -7,6 +7,9 @@ import os
 import numpy as np
 
 from reflex.backends.base import ROPE_NEOX, ROPE_NORM, Backend
+from reflex.backends.numpy_deltanet import NumpyDeltaNetOps
+from reflex.backends.numpy_mla import NumpyMLAOps
+from reflex.backends.numpy_ssm import NumpySSMOps
 from reflex.errors import InvalidRequest, ModelFormatError
 
 # Abramowitz & Stegun 7.1.26: erf(z) = 1 - t*P(t)*exp(-z^2), t = 1/(1 + p*z), z >= 0; |error| <= 1.5e-7
@@ -77,7 +80,8 @@ def set_blas_threads(n: int) -> bool:
 _BLAS_SETTER: dict = {}
 
 
-class NumpyBackend(Backend):
+class NumpyBackend(NumpySSMOps, NumpyDeltaNetOps, NumpyMLAOps, Backend):
+    # op families beyond the dense-transformer core live in mixins, one file per family
     name = "numpy"
 
     def __init__(self, n_threads: int | None = None):
