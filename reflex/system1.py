@@ -29,6 +29,11 @@ Sliding-window models: models whose KV cache records each slot's RoPE position
 tree mask themselves. For the others a mask overrides the backend's window (on slots), so where
 the window is narrower than the context plus candidates, scoring falls back to one cached context
 prefill followed by one causal forward per candidate (same numbers, N+1 forwards).
+
+Recurrent models (`model.tree_mask = False`: an SSM / DeltaNet state has no per-slot attention a
+mask could restrict) are NOT scored in one forward: the context runs once, its cache is snapshot,
+and each candidate runs after `cache.restore(snap)` (N+1 forwards; exact, same numbers as
+separate forwards; the LM head still runs once over all scored rows).
 """
 from __future__ import annotations
 
@@ -211,6 +216,8 @@ def _window(model) -> int:
 
 def score_ids(model, ctx: list, cands: list) -> list:
     """Per-token log-probs (list of float64 arrays) of each candidate id list after ctx, one forward."""
+    if getattr(model, "tree_mask", True) is False:
+        return _score_recurrent(model, ctx, cands)
     C = len(ctx)
     tree = build_tree(C, cands)
     ids = np.asarray(list(ctx) + tree.tokens, dtype=np.int64)     # (T,)
@@ -232,6 +239,35 @@ def score_ids(model, ctx: list, cands: list) -> list:
     logits = _head(model, out[uniq]) if has_head else out[uniq]   # (R, n_vocab), R distinct rows
     tgt = np.asarray(tgt_list, dtype=np.int64)
     lp = logits[inv, tgt].astype(np.float64) - _log_normalizer(logits)[inv]
+    res, o = [], 0
+    for c in cands:
+        res.append(lp[o:o + len(c)])
+        o += len(c)
+    return res
+
+
+def _score_recurrent(model, ctx: list, cands: list) -> list:
+    """Recurrent models (tree_mask False): a state cannot be branched by a mask, so the context runs
+    once, its cache is snapshot, and each candidate runs causally after a restore (N+1 forwards,
+    same numbers as separate forwards). Hidden rows of all candidates go through one LM-head
+    matmul and one log-normalizer, as in the tree path."""
+    C = len(ctx)
+    cache = model.new_cache(C + max(len(c) for c in cands))
+    has_head = callable(getattr(model, "lm_head", None)) or hasattr(model, "output")
+    out = "hidden" if has_head else "logits"
+    first = model.forward(ctx, cache, last_only=True, output=out)  # (1, n_embd | n_vocab)
+    snap = cache.snapshot()
+    rows = []
+    for c in cands:
+        rows.append(first)
+        if len(c) > 1:
+            cache.restore(snap)
+            rows.append(model.forward(c[:-1], cache, output=out))   # (len(c) - 1, ...)
+    cache.restore(snap)
+    x = np.concatenate(rows, axis=0)                               # (sum len(c), ...), host arrays
+    logits = _head(model, x) if has_head else x                    # (sum len(c), n_vocab)
+    tgt = np.asarray([t for c in cands for t in c], dtype=np.int64)
+    lp = _log_softmax_at(logits, tgt)
     res, o = [], 0
     for c in cands:
         res.append(lp[o:o + len(c)])
@@ -293,7 +329,10 @@ def score(model, tokenizer, context, candidates, *, normalize: bool = False, n_c
                                   mean=total / len(ids), boundary=how))
     key = [(c.mean if normalize else c.total) for c in out]
     best = int(np.argmax(key))
-    n_fwd = len(ctx) + build_tree(len(ctx), cand_ids).n_nodes
+    if getattr(model, "tree_mask", True) is False:
+        n_fwd = len(ctx) + sum(len(c) - 1 for c in cand_ids)      # context once + each candidate
+    else:
+        n_fwd = len(ctx) + build_tree(len(ctx), cand_ids).n_nodes
     return ScoreResult(candidates=out, best=best, context_ids=ctx, normalize=bool(normalize),
                        n_forward_tokens=n_fwd,
                        timings={"tokenize_s": round(t1 - t0, 6), "forward_s": round(t2 - t1, 6)})

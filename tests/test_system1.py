@@ -285,3 +285,51 @@ def test_cli_no_candidate_is_invalid_request():
     p = _cli("system1", "--context", "x", "--json")
     assert p.returncode == 2
     assert json.loads(p.stdout)["error"]["category"] == "invalid_request"
+
+
+# ---------------------------------------------------------------- recurrent models (tree_mask False)
+class _FakeRecurrent:
+    """The qwen3 fixture dressed as a recurrent model: tree_mask False, a cache with snapshot() /
+    restore(snap), and a forward that refuses masks and custom positions (as a state-space model
+    must), so only the context-once + restore-per-candidate path can score it."""
+    tree_mask = False
+
+    def __init__(self, model):
+        self.m = model
+        self.hp = model.hp
+        self.backend = model.backend
+        self.output = model.output
+        self.forwards = 0
+
+    def new_cache(self, n):
+        c = self.m.new_cache(n)
+        c.snapshot = lambda: c.n
+        c.restore = lambda snap: c.truncate(snap)
+        return c
+
+    def forward(self, ids, cache, last_only=False, positions=None, attn_mask=None, output="logits"):
+        assert attn_mask is None and positions is None, "a recurrent model cannot take a tree mask"
+        self.forwards += 1
+        return self.m.forward(ids, cache, last_only=last_only, output=output)
+
+
+QWEN3_FIXTURE = os.path.join(HERE, "data", "fixtures", "qwen3.gguf")
+
+
+@pytest.mark.skipif(not os.path.exists(QWEN3_FIXTURE), reason="qwen3 fixture missing")
+def test_recurrent_path_equals_separate():
+    """Reference: plain causal forwards of the real (non-fake) qwen3 fixture per candidate."""
+    model, tok = _load(QWEN3_FIXTURE)
+    fake = _FakeRecurrent(model)
+    ctx = [1, 5, 9, 2, 7]
+    cands = [[3, 4, 8], [3, 4], [11], [6, 2, 2, 9]]   # shared prefixes, a 1-token candidate
+    r = system1.score(fake, tok, ctx, cands)
+    assert fake.forwards == 1 + sum(len(c) > 1 for c in cands)   # context once, then one per candidate
+    assert r.n_forward_tokens == len(ctx) + sum(len(c) - 1 for c in cands)
+    for c, ids in zip(r.candidates, cands):
+        ref = _separate(model, ctx, ids)
+        assert np.abs(np.array(c.logprobs) - ref).max() <= TOL_SEPARATE
+    # the restore matters: equal to the tree path on the (attention) model itself
+    tree = system1.score(model, tok, ctx, cands)
+    for a, b in zip(r.candidates, tree.candidates):
+        assert np.abs(np.array(a.logprobs) - np.array(b.logprobs)).max() <= TOL_SEPARATE
