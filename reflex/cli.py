@@ -29,6 +29,7 @@ COMMANDS = {
     "classify": ("reflex.commands.classify", "probability per label for a text"),
     "convert": ("reflex.commands.convert", "convert a BERT safetensors checkpoint to GGUF"),
     "embed": ("reflex.commands.embed", "embed texts with an embedding model"),
+    "bench": ("reflex.commands.bench", "cold TTFT, prefill/decode tok/s, memory, energy (vs llama.cpp)"),
 }
 
 
