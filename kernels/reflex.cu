@@ -11,3 +11,4 @@
 #include "ssm.cu"
 #include "deltanet.cu"
 #include "mla.cu"
+#include "embed.cu"

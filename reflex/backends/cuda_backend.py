@@ -22,6 +22,7 @@ import numpy as np
 from reflex.backends import cuda_driver as drv
 from reflex.backends.base import ROPE_NEOX, ROPE_NORM, Backend
 from reflex.backends.cuda_deltanet import CudaDeltaNetOps
+from reflex.backends.cuda_embed import CudaEmbedOps
 from reflex.backends.cuda_mla import CudaMLAOps
 from reflex.backends.cuda_ssm import CudaSSMOps
 from reflex.errors import InvalidRequest, ModelFormatError
@@ -166,7 +167,7 @@ class QWeight:
         return f"QWeight({self.suffix}, shape={self.shape})"
 
 
-class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, Backend):
+class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend):
     # op families beyond the dense-transformer core live in mixins (cuda_<family>.py)
     name = "cuda"
     device_sampling = True  # the engine may call argmax / GreedyDecoder
