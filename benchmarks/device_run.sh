@@ -26,8 +26,12 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
     python3 -m reflex synth .devdata/smollm2-vocab.gguf /tmp/models/qwen3-0.6b-q4_k_m-synth.gguf --preset qwen3-0.6b
     M="$M /tmp/models/qwen3-0.6b-q4_k_m-synth.gguf"
   fi
-  timeout 400 python3 benchmarks/bench_cuda.py $M --runs ${RUNS:-7} ${DROP:+--drop-caches} ${NOCOLD:+--no-cold} --json $OUT/bench.json 2> $OUT/bench_log.txt
-  tail -30 $OUT/bench_log.txt
+  # the product's command; --llama-cpp with LLAMA_CPP=<build>/bin (GUIDE.md has the build recipe)
+  timeout 400 python3 -m reflex bench $M --backend cuda --runs ${RUNS:-7} ${DROP:+--drop-caches} ${NOCOLD:+--no-cold} \
+    ${LLAMA_CPP:+--llama-cpp $LLAMA_CPP} ${VARIANTS:+--probe-variants} --json > $OUT/bench.json 2> $OUT/bench_log.txt
+  python3 -c "import json, sys; from reflex.bench import table; print(table(json.load(open(sys.argv[1]))))" \
+    $OUT/bench.json 2>&1 | tee $OUT/bench_table.txt
+  tail -5 $OUT/bench_log.txt
 fi
 if [ "$WHAT" = profile ] || [ "${PROFILE:-}" = 1 ]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

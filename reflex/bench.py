@@ -339,8 +339,14 @@ def inproc(model, backend: str, prompt_tokens: int, gen_tokens: int, repeats: in
 
 
 def _inproc_main():
+    from reflex.errors import ReflexError
+
     model, backend, pt, gt, rep = sys.argv[1:6]
-    print(json.dumps(inproc(model, backend, int(pt), int(gt), int(rep))), flush=True)
+    try:
+        print(json.dumps(inproc(model, backend, int(pt), int(gt), int(rep))), flush=True)
+    except ReflexError as e:  # the parent re-raises it with its category (e.g. backend_unavailable)
+        print(json.dumps(e.to_json()), flush=True)
+        sys.exit(e.exit_code)
 
 
 # ---- llama.cpp on the same file ------------------------------------------------------------------
@@ -429,6 +435,15 @@ def bench(models, backend: str = "numpy", runs: int = 5, drop_caches: bool = Fal
     if llama_cpp_dir is not None and not os.path.isdir(llama_cpp_dir):
         raise InvalidRequest(f"--llama-cpp {llama_cpp_dir!r} is not a directory")
     paths = [check_model(m, prompt_tokens, gen_tokens) for m in models]  # all errors before any run
+    if backend in ("cuda", "gpu"):
+        from reflex.backends import cuda_driver
+        from reflex.errors import ReflexError
+
+        if not os.path.exists(cuda_driver.default_fatbin()):
+            raise ReflexError(f"CUDA kernels not built ({cuda_driver.default_fatbin()} missing): "
+                              "run `python kernels/build.py`", category="backend_unavailable")
+        if not cuda_driver.available():  # cuInit only, no context in this process
+            raise ReflexError("no usable CUDA driver or GPU", category="backend_unavailable")
     out = {"backend": backend, "runs": runs, "prompt": PROMPT, "prompt_tokens": prompt_tokens,
            "gen_tokens": gen_tokens, "python": sys.version.split()[0], "models": []}
     env = _env()
@@ -444,7 +459,12 @@ def bench(models, backend: str = "numpy", runs: int = 5, drop_caches: bool = Fal
                             "_inproc_main()", str(path), backend, str(prompt_tokens), str(gen_tokens),
                             str(min(runs, 5))], capture_output=True, text=True, env=env)
         if p.returncode != 0:
-            raise _fail("in-process benchmark", p)
+            try:
+                err = json.loads(p.stdout.strip().splitlines()[-1])["error"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise _fail("in-process benchmark", p) from None
+            from reflex.errors import ReflexError
+            raise ReflexError(err["message"], category=err["category"])
         r.update(json.loads(p.stdout.strip().splitlines()[-1]))
         if llama_cpp_dir is not None:
             r["llama_cpp"] = llama_cpp(llama_cpp_dir, path, backend, runs, prompt_tokens, gen_tokens)

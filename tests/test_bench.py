@@ -154,6 +154,14 @@ def _gpu():
     return os.path.exists(cuda_driver.default_fatbin()) and cuda_driver.available()
 
 
+def test_cuda_unavailable_is_categorized():
+    if _gpu():
+        pytest.skip("a GPU and the kernels are here")
+    r = _cli(FIX, "--backend", "cuda", "--json", timeout=60)
+    assert r.returncode == 70, r.stderr
+    assert json.loads(r.stdout)["error"]["category"] == "backend_unavailable"
+
+
 @pytest.mark.skipif(not _gpu(), reason="no CUDA GPU or kernels not built")
 def test_bench_cuda():
     r = _cli(FIX, "--backend", "cuda", "--runs", 2, "--prompt-tokens", 64, "--gen-tokens", 16, "--json")
