@@ -74,12 +74,43 @@ def _mistral_swa():
     return MistralForCausalLM(MistralConfig(**shape, sliding_window=MISTRAL_SWA))
 
 
+def _deepseek2():
+    # DeepSeek-V3's layout scaled down: MLA with q_lora_rank set (q_a / q_a_norm / q_b), compressed KV
+    # (kv_lora_rank 10 + a decoupled 8-dim RoPE part, interleaved pairs), YaRN (factor 4 over an
+    # original 64-token context, mscale == mscale_all_dim as in the released configs), 2 dense layers
+    # then 2 MoE layers of 4 routed experts (top-2, sigmoid scores + e_score_correction_bias, normalized,
+    # routed_scaling_factor 2.5) plus 1 shared expert, untied output; n_group = topk_group = 1 (group-
+    # limited routing trivially satisfied). Distinct sizes so a transposed weight fails a shape check;
+    # n_ff_exp 4 because transformers' grouped-mm experts need 16-byte strides.
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(
+        vocab_size=49152, hidden_size=8, intermediate_size=24, moe_intermediate_size=4,
+        num_hidden_layers=4, first_k_dense_replace=2, num_attention_heads=2, num_key_value_heads=2,
+        n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, kv_lora_rank=10, q_lora_rank=12,
+        qk_rope_head_dim=8, qk_nope_head_dim=6, v_head_dim=5, max_position_embeddings=256,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.25,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale": 1.0, "mscale_all_dim": 1.0})
+    cfg.scoring_func = "sigmoid"  # as DeepSeek-V3's config.json: the converter writes expert_gating_func
+    model = DeepseekV3ForCausalLM(cfg)
+    g = torch.Generator().manual_seed(80)
+    with torch.no_grad():  # e_score_correction_bias is a buffer (zeros), which _randomize does not touch
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_((0.3 * torch.randn(buf.shape, generator=g)).half().float())
+    return model
+
+
 # name -> (builder, seed)
 RECIPES = {
     "qwen2": (_qwen2, 2),
     "qwen3": (_qwen3, 3),
     "qwen3moe": (_qwen3moe, 4),
     "mistral_swa": (_mistral_swa, 5),
+    "deepseek2": (_deepseek2, 8),
 }
 # metadata the converter does not write but the architecture defines: llama.cpp's llama converter
 # drops Mistral's sliding_window, so the fixture gets `llama.attention.sliding_window` added after

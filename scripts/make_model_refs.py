@@ -53,6 +53,8 @@ CASES = {
     "mistral_swa": ("hf", "mistral_swa", []),
     # the same weights with norm_topk_prob false (the top-k routing weights not renormalized)
     "qwen3moe_nonorm": ("hf", "qwen3moe", []),
+    # MLA (q_lora_rank set) + YaRN + 2 dense / 2 MoE layers with sigmoid scoring, exp_probs_b, shared expert
+    "deepseek2": ("hf", "deepseek2", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
 }
 
 

@@ -39,6 +39,8 @@ CASES = {
     "qwen3moe": (os.path.join(DATA, "fixtures", "qwen3moe.gguf"), "qwen3moe_ref_models.json"),
     # llama with llama.attention.sliding_window = 6 (Mistral-style GQA + SWA), vs MistralForCausalLM
     "mistral_swa": (os.path.join(DATA, "fixtures", "mistral_swa.gguf"), "mistral_swa_ref_models.json"),
+    # MLA (latent KV cache, absorbed k_b/v_b) + YaRN + MoE with sigmoid scoring, exp_probs_b, shared expert
+    "deepseek2": (os.path.join(DATA, "fixtures", "deepseek2.gguf"), "deepseek2_ref_models.json"),
 }
 
 

@@ -18,6 +18,7 @@ ARCHITECTURES = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3moe": "qwen3moe",
+    "deepseek2": "deepseek2",
     "llama-embed": "llama_embed",
 }
 # other spellings of the same architecture
