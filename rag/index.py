@@ -181,6 +181,7 @@ class Index:
         self.offsets = offsets
         self._fd = chunks_fd
         self._bm25 = None
+        self.import_faiss_s = 0.0
 
     @classmethod
     def open(cls, root, name: str, mmap: bool = True) -> "Index":
@@ -202,7 +203,10 @@ class Index:
 
     @classmethod
     def _open_gen(cls, idir: Path, gen: str, mmap: bool) -> "Index":
+        t0 = time.perf_counter()
         import faiss
+
+        import_s = time.perf_counter() - t0   # ~0 once imported; reported apart from the open itself
 
         g = idir / gen
         try:
@@ -233,7 +237,9 @@ class Index:
                                    f"{len(offsets) - 1} chunks", kind="index_corrupt")
         if manifest.get("index", {}).get("type") == "hnsw":
             fi.hnsw.efSearch = int(manifest["index"].get("ef_search", HNSW_EF_SEARCH))
-        return cls(idir, gen, manifest, fi, offsets, fd)
+        index = cls(idir, gen, manifest, fi, offsets, fd)
+        index.import_faiss_s = import_s
+        return index
 
     def close(self):
         if self._fd is not None:

@@ -86,8 +86,8 @@ def test_ask_cites_only_retrieved_sources(test_index):
     assert r["status"] in ("answered", "answered_without_citation") and r["answer"]
     assert r["sources"] and Path(r["sources"][0]["source"]).name == "guide.md"
     assert all(1 <= c["n"] <= len(r["sources"]) for c in r["citations"])
-    for stage in ("import_s", "open_index_s", "load_embedder_s", "embed_s", "search_s", "chat_load_s",
-                  "prefill_s", "decode_s", "total_s"):
+    for stage in ("import_s", "import_faiss_s", "open_index_s", "load_embedder_s", "embed_s", "search_s",
+                  "chat_load_s", "prefill_s", "decode_s", "total_s"):
         assert stage in r["timings"], stage
     # off-topic: no citation, no chat model needed
     rc, out, err = rag("ask", "Who won the football world cup in 1966?", "--index", "docs",
