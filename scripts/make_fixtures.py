@@ -104,6 +104,26 @@ def _deepseek2():
     return model
 
 
+def _granitehybrid():
+    # Granite 4.0-H-Tiny/Small's layout (GraniteMoeHybridForCausalLM) scaled down: Mamba-2 and attention
+    # layers interleaved (2 of each, per layer_types), no positional embedding on attention (Granite
+    # 4.0-H is NoPE; the converter writes rope.scaling.finetuned false for hybrids), MoE with a shared
+    # expert (4 experts, top-2), every Granite multiplier != 1. Mamba-2: expand 2 (d_inner 32 =
+    # 2 n_embd, as llama.cpp requires), 4 heads x 8, 2 groups (so the head -> group mapping matters),
+    # d_state 8, conv kernel 4 with bias; tied embeddings like the real family
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    shape = dict(_SHAPE, intermediate_size=16, num_hidden_layers=4, head_dim=8)
+    cfg = GraniteMoeHybridConfig(**shape, layer_types=["mamba", "attention", "mamba", "attention"],
+                                 position_embedding_type="nope", embedding_multiplier=12.0,
+                                 attention_multiplier=0.2, residual_multiplier=0.3, logits_scaling=4.0,
+                                 num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=24,
+                                 mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=2, mamba_d_state=8,
+                                 mamba_d_conv=4, mamba_expand=2, mamba_conv_bias=True,
+                                 mamba_proj_bias=False, mamba_chunk_size=4)
+    return GraniteMoeHybridForCausalLM(cfg)
+
+
 # name -> (builder, seed)
 RECIPES = {
     "qwen2": (_qwen2, 2),
@@ -111,11 +131,16 @@ RECIPES = {
     "qwen3moe": (_qwen3moe, 4),
     "mistral_swa": (_mistral_swa, 5),
     "deepseek2": (_deepseek2, 8),
+    "granitehybrid": (_granitehybrid, 9),
 }
 # metadata the converter does not write but the architecture defines: llama.cpp's llama converter
 # drops Mistral's sliding_window, so the fixture gets `llama.attention.sliding_window` added after
 # conversion (a rewrite with gguf.GGUFWriter; tensors are copied byte for byte)
 EXTRA_KV = {"mistral_swa": {"llama.attention.sliding_window": MISTRAL_SWA}}
+# config.json keys put back to the checkpoint spelling before conversion: transformers 5 saves
+# GraniteMoeHybrid's layer_types as linear_attention/full_attention, but the released Granite 4.0-H
+# configs (and llama.cpp's converter, which then finds no attention layer) use mamba/attention
+HF_CONFIG = {"granitehybrid": {"layer_types": ["mamba", "attention", "mamba", "attention"]}}
 
 
 def _add_kv(path, extra):
@@ -186,6 +211,14 @@ def build(name):
     _randomize(model, seed)
     model.save_pretrained(hf_dir, safe_serialization=True)
     tok.save_pretrained(hf_dir)
+    if name in HF_CONFIG:
+        import json
+        cfg_path = os.path.join(hf_dir, "config.json")
+        with open(cfg_path) as fh:
+            cfg = json.load(fh)
+        cfg.update(HF_CONFIG[name])
+        with open(cfg_path, "w") as fh:
+            json.dump(cfg, fh, indent=2)
     os.makedirs(OUT_DIR, exist_ok=True)
     out = os.path.join(OUT_DIR, f"{name}.gguf")
     env = dict(os.environ, PYTHONPATH=os.path.join(VENDOR, "gguf-py"))

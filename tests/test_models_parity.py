@@ -39,6 +39,8 @@ CASES = {
     "qwen3moe": (os.path.join(DATA, "fixtures", "qwen3moe.gguf"), "qwen3moe_ref_models.json"),
     # llama with llama.attention.sliding_window = 6 (Mistral-style GQA + SWA), vs MistralForCausalLM
     "mistral_swa": (os.path.join(DATA, "fixtures", "mistral_swa.gguf"), "mistral_swa_ref_models.json"),
+    # Granite 4.0-H: Mamba-2 + NoPE attention, MoE + shared expert, Granite multipliers (recurrent: fork check)
+    "granitehybrid": (os.path.join(DATA, "fixtures", "granitehybrid.gguf"), "granitehybrid_ref_models.json"),
     # MLA (latent KV cache, absorbed k_b/v_b) + YaRN + MoE with sigmoid scoring, exp_probs_b, shared expert
     "deepseek2": (os.path.join(DATA, "fixtures", "deepseek2.gguf"), "deepseek2_ref_models.json"),
 }
@@ -146,7 +148,7 @@ def test_prefill_equals_decode(name):
 
 def _fork_check(model, ctx, a, b):
     C, A, B = len(ctx), len(a), len(b)
-    cache = model.new_cache(C + max(A, B))
+    cache = model.new_cache(C + A + B)  # the last check runs a then b without a restore
     model.forward(ctx, cache)
     snap = cache.snapshot()
     got_a = model.forward(a, cache)

@@ -19,6 +19,7 @@ ARCHITECTURES = {
     "qwen3": "qwen3",
     "qwen3moe": "qwen3moe",
     "deepseek2": "deepseek2",
+    "granitehybrid": "granitehybrid",
     "llama-embed": "llama_embed",
 }
 # other spellings of the same architecture
