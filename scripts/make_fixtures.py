@@ -124,6 +124,38 @@ def _granitehybrid():
     return GraniteMoeHybridForCausalLM(cfg)
 
 
+GEMMA4_SWA = 4  # tokens; the reference prompts are 7-20 tokens, so the window cuts in
+
+
+def _gemma4():
+    # Gemma 4 text decoder with every structural feature the converter maps: sliding/full layer types
+    # (2 of each with their own KV, then 2 KV-shared layers reusing the last S and F layer's cache),
+    # per-type head_dim and kv-head count, proportional partial RoPE on full layers, k == v on full
+    # layers (attention_k_eq_v: no v_proj), double-wide MLP on the KV-shared layers, per-layer token
+    # embeddings (PLE), layer_scalar, final logit softcapping (3.0 so it bites on these small logits).
+    # n_embd 8 and PLE width 2 keep the two 49,152-row f16 tables at 0.8 + 1.2 MB.
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    cfg = Gemma4TextConfig(
+        vocab_size=49152, hidden_size=8, intermediate_size=24, num_hidden_layers=6,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, global_head_dim=64,
+        num_global_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, initializer_range=0.25, sliding_window=GEMMA4_SWA,
+        layer_types=["sliding_attention", "full_attention"] * 3, final_logit_softcapping=3.0,
+        vocab_size_per_layer_input=49152, hidden_size_per_layer_input=2, attention_k_eq_v=True,
+        num_kv_shared_layers=2, use_double_wide_mlp=True, enable_moe_block=False,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1000000.0}})
+    model = Gemma4ForCausalLM(cfg)
+    g = torch.Generator().manual_seed(40)
+    with torch.no_grad():  # layer_scalar is a buffer (ones), which _randomize does not touch
+        for name, buf in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                buf.copy_((0.5 + torch.rand(buf.shape, generator=g)).half().float())
+    return model
+
+
 # name -> (builder, seed)
 RECIPES = {
     "qwen2": (_qwen2, 2),
@@ -132,6 +164,7 @@ RECIPES = {
     "mistral_swa": (_mistral_swa, 5),
     "deepseek2": (_deepseek2, 8),
     "granitehybrid": (_granitehybrid, 9),
+    "gemma4": (_gemma4, 6),
 }
 # metadata the converter does not write but the architecture defines: llama.cpp's llama converter
 # drops Mistral's sliding_window, so the fixture gets `llama.attention.sliding_window` added after
@@ -180,8 +213,15 @@ transformers.AutoTokenizer.from_pretrained = staticmethod(
     lambda path, *a, **k: TokenizersBackend.from_pretrained(path))
 sys.argv = sys.argv[1:]
 sys.path.insert(0, __import__("os").path.dirname(sys.argv[0]))
+if __import__("os").environ.get("REFLEX_GPT2_VOCAB"):
+    import conversion.gemma
+    conversion.gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
+# Gemma4Model.set_vocab accepts only a Llama-style (byte-fallback) BPE tokenizer.json; for those
+# recipes the wrapper swaps in the converter's own generic GPT-2 BPE vocab writer, so the fixture
+# carries SmolLM2's tokenizer like the others (tensors and hyperparameters are written unchanged)
+GPT2_VOCAB = {"gemma4"}
 
 
 def _randomize(model, seed):
@@ -222,6 +262,8 @@ def build(name):
     os.makedirs(OUT_DIR, exist_ok=True)
     out = os.path.join(OUT_DIR, f"{name}.gguf")
     env = dict(os.environ, PYTHONPATH=os.path.join(VENDOR, "gguf-py"))
+    if name in GPT2_VOCAB:
+        env["REFLEX_GPT2_VOCAB"] = "1"
     conv = os.path.join(VENDOR, "convert_hf_to_gguf.py")
     subprocess.run([sys.executable, "-c", _CONVERT, conv, hf_dir, "--outfile", out, "--outtype", "f16"],
                    check=True, env=env)

@@ -51,6 +51,8 @@ CASES = {
     "qwen3moe": ("hf", "qwen3moe", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
     # llama with llama.attention.sliding_window = 6 (Mistral-style); every prompt here is longer
     "mistral_swa": ("hf", "mistral_swa", []),
+    # Gemma 4 text: sliding window 4, KV-shared layers, PLE, k == v, softcapping (see make_fixtures)
+    "gemma4": ("hf", "gemma4", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
     # the same weights with norm_topk_prob false (the top-k routing weights not renormalized)
     "qwen3moe_nonorm": ("hf", "qwen3moe", []),
     # MLA (q_lora_rank set) + YaRN + 2 dense / 2 MoE layers with sigmoid scoring, exp_probs_b, shared expert

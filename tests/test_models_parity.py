@@ -43,6 +43,8 @@ CASES = {
     "granitehybrid": (os.path.join(DATA, "fixtures", "granitehybrid.gguf"), "granitehybrid_ref_models.json"),
     # MLA (latent KV cache, absorbed k_b/v_b) + YaRN + MoE with sigmoid scoring, exp_probs_b, shared expert
     "deepseek2": (os.path.join(DATA, "fixtures", "deepseek2.gguf"), "deepseek2_ref_models.json"),
+    # per-layer SWA pattern and head dims, proportional RoPE, k == v, KV-shared layers, PLE, softcap
+    "gemma4": (os.path.join(DATA, "fixtures", "gemma4.gguf"), "gemma4_ref_models.json"),
 }
 
 
@@ -92,7 +94,8 @@ def _rows_logits(model, ids, rows):
     """Prompt logits at `rows` (R, n_vocab), without the full (T, n_vocab) matrix of a long prompt."""
     b = model.backend
     h = model.forward(ids, model.new_cache(len(ids)), output="hidden")  # (T, n_embd)
-    return b.to_numpy(b.matmul(h[rows], model.output))
+    head = getattr(model, "lm_head", None)  # the model's own head where it is more than a matmul
+    return b.to_numpy(head(h[rows]) if callable(head) else b.matmul(h[rows], model.output))
 
 
 def _greedy(model, ids, n_new):

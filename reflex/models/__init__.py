@@ -18,6 +18,7 @@ ARCHITECTURES = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3moe": "qwen3moe",
+    "gemma4": "gemma4",
     "deepseek2": "deepseek2",
     "granitehybrid": "granitehybrid",
     "llama-embed": "llama_embed",
