@@ -9,7 +9,6 @@ import numpy as np
 from reflex.backends.base import ROPE_NEOX, ROPE_NORM, Backend
 from reflex.backends.numpy_deltanet import NumpyDeltaNetOps
 from reflex.backends.numpy_embed import NumpyEmbedOps
-from reflex.backends.numpy_gemma4 import NumpyGemma4Ops
 from reflex.backends.numpy_mla import NumpyMLAOps
 from reflex.backends.numpy_ssm import NumpySSMOps
 from reflex.errors import InvalidRequest, ModelFormatError
@@ -82,7 +81,7 @@ def set_blas_threads(n: int) -> bool:
 _BLAS_SETTER: dict = {}
 
 
-class NumpyBackend(NumpySSMOps, NumpyDeltaNetOps, NumpyMLAOps, NumpyEmbedOps, NumpyGemma4Ops, Backend):
+class NumpyBackend(NumpySSMOps, NumpyDeltaNetOps, NumpyMLAOps, NumpyEmbedOps, Backend):
     # op families beyond the dense-transformer core live in mixins, one file per family
     name = "numpy"
 

@@ -25,8 +25,7 @@ conversion/gemma.py Gemma4Model; graph src/models/gemma4.cpp; transformers Gemma
   sqrt(n_pl)) / sqrt(2), x0 the scaled input embedding; after the FFN residual
   x += rms_norm(proj(gelu_tanh(inp_gate(x)) * pe_i), post_norm);
 - every layer's output is multiplied by its scalar `blk.N.layer_output_scale`;
-- the logits are soft-capped, cap * tanh(logits / cap), with `final_logit_softcapping` (op `softcap`,
-  reflex/backends/numpy_gemma4.py).
+- the logits are soft-capped, cap * tanh(logits / cap), with `final_logit_softcapping` (`lm_head`).
 Norm weights are used as stored (Gemma 4's RMSNorm multiplies by w, converter norm_shift 0).
 Not supported: the MoE block (`ffn_gate_inp`, 26B-A4B) -- a file with it is refused.
 """
@@ -389,8 +388,12 @@ class Model:
     def lm_head(self, hidden):
         """Final-normed hidden rows (R, n_embd) -> soft-capped logits (R, n_vocab), a backend array
         (system1 and the parity runner call it on output="hidden" rows)."""
-        logits = self.backend.matmul(hidden, self.output)
-        return self.backend.softcap(logits, self.hp.softcap) if self.hp.softcap else logits
+        b, cap = self.backend, self.hp.softcap
+        logits = b.matmul(hidden, self.output)                       # (R, n_vocab)
+        if not cap:
+            return logits
+        # cap * tanh(logits / cap), as llama.cpp's graph: scale, tanh, scale (float32)
+        return b.mul(b.tanh(b.mul(logits, np.float32(1.0 / cap))), np.float32(cap))
 
     def _per_layer_input(self, b: Backend, x0, ids, i: int):
         hp = self.hp
