@@ -61,6 +61,24 @@ def _qwen3moe():
                                               decoder_sparse_step=1, mlp_only_layers=[]))
 
 
+def _qwen35():
+    # Qwen3.5's dense hybrid (Qwen3_5ForCausalLM) scaled down: linear-attention (Gated DeltaNet) and
+    # gated full-attention layers alternating (2 of each), GQA 2:1, head_dim 32 with partial rotary
+    # 0.25 (n_rot 8, M-RoPE sections [2, 1, 1] summing to n_rot / 2), DeltaNet with 2 key heads and 4
+    # value heads (so the converter's grouped -> tiled V-head reorder matters), conv kernel 4, tied
+    # embeddings like the small Qwen3.5 models
+    from transformers import Qwen3_5TextConfig, Qwen3_5ForCausalLM
+
+    shape = dict(_SHAPE, num_hidden_layers=4, head_dim=32)
+    cfg = Qwen3_5TextConfig(**shape, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                            linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                            layer_types=["linear_attention", "full_attention"] * 2,
+                            rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                                                 partial_rotary_factor=0.25, mrope_section=[2, 1, 1],
+                                                 mrope_interleaved=True))
+    return Qwen3_5ForCausalLM(cfg)
+
+
 MISTRAL_SWA = 6  # tokens; the reference prompts are 7-20 tokens, so the window cuts in
 
 
@@ -162,6 +180,7 @@ RECIPES = {
     "qwen3": (_qwen3, 3),
     "qwen3moe": (_qwen3moe, 4),
     "mistral_swa": (_mistral_swa, 5),
+    "qwen35": (_qwen35, 6),
     "deepseek2": (_deepseek2, 8),
     "granitehybrid": (_granitehybrid, 9),
     "gemma4": (_gemma4, 6),
@@ -174,6 +193,8 @@ EXTRA_KV = {"mistral_swa": {"llama.attention.sliding_window": MISTRAL_SWA}}
 # GraniteMoeHybrid's layer_types as linear_attention/full_attention, but the released Granite 4.0-H
 # configs (and llama.cpp's converter, which then finds no attention layer) use mamba/attention
 HF_CONFIG = {"granitehybrid": {"layer_types": ["mamba", "attention", "mamba", "attention"]}}
+# extra converter flags: Qwen3.5's converter expects an MTP head unless told there is none
+CONVERT_ARGS = {"qwen35": ["--no-mtp"]}
 
 
 def _add_kv(path, extra):
@@ -265,7 +286,8 @@ def build(name):
     if name in GPT2_VOCAB:
         env["REFLEX_GPT2_VOCAB"] = "1"
     conv = os.path.join(VENDOR, "convert_hf_to_gguf.py")
-    subprocess.run([sys.executable, "-c", _CONVERT, conv, hf_dir, "--outfile", out, "--outtype", "f16"],
+    subprocess.run([sys.executable, "-c", _CONVERT, conv, hf_dir, "--outfile", out, "--outtype", "f16"]
+                   + CONVERT_ARGS.get(name, []),
                    check=True, env=env)
     if name in EXTRA_KV:
         _add_kv(out, EXTRA_KV[name])

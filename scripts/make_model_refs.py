@@ -55,6 +55,9 @@ CASES = {
     "gemma4": ("hf", "gemma4", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
     # the same weights with norm_topk_prob false (the top-k routing weights not renormalized)
     "qwen3moe_nonorm": ("hf", "qwen3moe", []),
+    # Gated DeltaNet + gated full-attention hybrid; the long prompt runs the chunked prefill over > 1 chunk (64)
+    "qwen35": ("hf", "qwen35", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
+                                _TEXT * 2]),
     # MLA (q_lora_rank set) + YaRN + 2 dense / 2 MoE layers with sigmoid scoring, exp_probs_b, shared expert
     "deepseek2": ("hf", "deepseek2", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
     # Mamba-2 + NoPE attention hybrid with MoE + shared expert and Granite multipliers; HF's prefill is

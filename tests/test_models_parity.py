@@ -37,6 +37,8 @@ CASES = {
     "qwen2": (os.path.join(DATA, "fixtures", "qwen2.gguf"), "qwen2_ref_models.json"),
     "qwen3": (os.path.join(DATA, "fixtures", "qwen3.gguf"), "qwen3_ref_models.json"),
     "qwen3moe": (os.path.join(DATA, "fixtures", "qwen3moe.gguf"), "qwen3moe_ref_models.json"),
+    # Gated DeltaNet + gated full-attention hybrid (recurrent: fork check via cache snapshots)
+    "qwen35": (os.path.join(DATA, "fixtures", "qwen35.gguf"), "qwen35_ref_models.json"),
     # llama with llama.attention.sliding_window = 6 (Mistral-style GQA + SWA), vs MistralForCausalLM
     "mistral_swa": (os.path.join(DATA, "fixtures", "mistral_swa.gguf"), "mistral_swa_ref_models.json"),
     # Granite 4.0-H: Mamba-2 + NoPE attention, MoE + shared expert, Granite multipliers (recurrent: fork check)

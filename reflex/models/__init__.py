@@ -18,6 +18,7 @@ ARCHITECTURES = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3moe": "qwen3moe",
+    "qwen35": "qwen35",
     "gemma4": "gemma4",
     "deepseek2": "deepseek2",
     "granitehybrid": "granitehybrid",
