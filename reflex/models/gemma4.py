@@ -363,6 +363,9 @@ class Model:
         self.output = w.get("output.weight", (V, E)) if w.has("output.weight") else self.tok_embd
         self.embd_scale = np.float32(math.sqrt(E))
         n_pl, L = hp.n_embd_per_layer, hp.n_layer
+        # a captured CUDA decode step reads the token id on the device for token_embd; the per-layer
+        # rows tok * n_layer + i are computed on the host, so a PLE model decodes eagerly
+        self.graph_capturable = not n_pl
         if n_pl:
             # per_layer_token_embd (n_vocab, n_layer * n_pl) read as (n_vocab * n_layer, n_pl) rows:
             # row tok * n_layer + i is layer i's slice of token tok (whole quant blocks when n_pl is a
