@@ -208,7 +208,7 @@ def _rows(f, b: Backend, name: str, shape: tuple, groups, keep):
     raw = np.asarray(f.tensor_bytes(name)).view(np.uint8).reshape(groups, shape[0] // groups, -1)
     sel = np.ascontiguousarray(raw[:, keep])                          # (groups, kept, row_bytes)
     n = sel.shape[0] * sel.shape[1]
-    return b.prepare_weight(sel.tobytes(), t.ggml_type, (n, shape[1]))
+    return b.prepare_weight(sel.reshape(-1), t.ggml_type, (n, shape[1]))
 
 
 class MLACache(KVCache):
