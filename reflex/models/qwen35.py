@@ -171,7 +171,7 @@ def _head_split(w: _Weights, name: str, n_head: int, d: int, n_in: int):
         raise ModelFormatError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {(n_head * 2 * d, n_in)}",
                                kind="tensor_shape")
     raw = np.frombuffer(w.f.tensor_bytes(name), dtype=np.uint8).reshape(n_head, 2, d, -1)  # (head, q|gate, d, row_bytes)
-    return [w.b.prepare_weight(np.ascontiguousarray(raw[:, j]).tobytes(), t.ggml_type, (n_head * d, n_in))
+    return [w.b.prepare_weight(np.ascontiguousarray(raw[:, j]).reshape(-1), t.ggml_type, (n_head * d, n_in))
             for j in (0, 1)]
 
 
