@@ -43,8 +43,8 @@ def test_layout(model):
     assert hp.n_head_kv == [0, 1, 0, 1]
     assert [blk.recurrent for blk in model.blocks] == [True, False, True, False]
     assert hp.n_expert == 4 and hp.n_expert_used == 2 and hp.n_ff_shexp == 24
-    assert (hp.embedding_scale, hp.logit_scale) == (12.0, 4.0)
-    assert abs(hp.attention_scale - 0.2) < 1e-6 and abs(hp.residual_scale - 0.3) < 1e-6
+    assert (hp.embedding_scale, hp.logit_scale) == (4.0, 4.0)
+    assert abs(hp.attention_scale - 0.2) < 1e-6 and abs(hp.residual_scale - 0.6) < 1e-6
     assert (hp.d_inner, hp.n_ssm_head, hp.n_group, hp.d_state, hp.d_conv) == (32, 4, 2, 8, 4)
 
 
