@@ -176,6 +176,27 @@ def _gemma4():
     return model
 
 
+def _gemma4moe():
+    # Gemma 4 26B-A4B's layer: the dense GeGLU MLP (its shared expert) plus a routed MoE block (router
+    # with weightless RMSNorm, `scale`, per_expert_scale; fused gate_up experts), each with its own
+    # post-norm; 4 experts top-2. Also the path gemma4 leaves out: v_proj on global layers (k_eq_v
+    # false), no PLE, no KV sharing. Layers local/global alternating, 2 of each.
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    cfg = Gemma4TextConfig(
+        vocab_size=49152, hidden_size=8, intermediate_size=24, num_hidden_layers=4,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, global_head_dim=64,
+        num_global_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, initializer_range=0.25, sliding_window=GEMMA4_SWA,
+        layer_types=["sliding_attention", "full_attention"] * 2, final_logit_softcapping=3.0,
+        hidden_size_per_layer_input=0, attention_k_eq_v=False, num_kv_shared_layers=0,
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1000000.0}})
+    return Gemma4ForCausalLM(cfg)
+
+
 # name -> (builder, seed)
 RECIPES = {
     "qwen2": (_qwen2, 2),
@@ -186,6 +207,7 @@ RECIPES = {
     "deepseek2": (_deepseek2, 8),
     "granitehybrid": (_granitehybrid, 9),
     "gemma4": (_gemma4, 6),
+    "gemma4moe": (_gemma4moe, 7),
 }
 # metadata the converter does not write but the architecture defines: llama.cpp's llama converter
 # drops Mistral's sliding_window, so the fixture gets `llama.attention.sliding_window` added after
@@ -244,7 +266,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 # Gemma4Model.set_vocab accepts only a Llama-style (byte-fallback) BPE tokenizer.json; for those
 # recipes the wrapper swaps in the converter's own generic GPT-2 BPE vocab writer, so the fixture
 # carries SmolLM2's tokenizer like the others (tensors and hyperparameters are written unchanged)
-GPT2_VOCAB = {"gemma4"}
+GPT2_VOCAB = {"gemma4", "gemma4moe"}
 
 
 def _randomize(model, seed):

@@ -53,6 +53,8 @@ CASES = {
     "mistral_swa": ("hf", "mistral_swa", []),
     # Gemma 4 text: sliding window 4, KV-shared layers, PLE, k == v, softcapping (see make_fixtures)
     "gemma4": ("hf", "gemma4", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
+    # Gemma 4 MoE layers (dense MLP + 4 routed experts, top-2), v_proj on global layers
+    "gemma4moe": ("hf", "gemma4moe", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
     # the same weights with norm_topk_prob false (the top-k routing weights not renormalized)
     "qwen3moe_nonorm": ("hf", "qwen3moe", []),
     # Gated DeltaNet + gated full-attention hybrid; the long prompt runs the chunked prefill over > 1 chunk (64)

@@ -163,15 +163,39 @@ def test_tensor_errors():
         hp = gemma4.HParams.from_gguf(f)
 
         b = NumpyBackend()
-        # a layer with a MoE router is refused (not supported), not silently run dense
+        # a layer with a MoE router in a file without expert_count is refused, not silently run dense
         fake = _Fake(f)
         fake.tensors = dict(f.tensors, **{"blk.0.ffn_gate_inp.weight": f.tensors["blk.0.ffn_norm.weight"]})
         fake.tensor_bytes = f.tensor_bytes
         with pytest.raises(ModelFormatError) as e:
             gemma4.Model(fake, b, hp)
-        assert e.value.kind == "unsupported_tensor"
+        assert e.value.kind == "missing_key"
         # a missing per-layer tensor of a KV-owning layer
         fake.tensors = {k: v for k, v in f.tensors.items() if k != "blk.3.attn_k.weight"}
         with pytest.raises(ModelFormatError) as e:
             gemma4.Model(fake, b, hp)
         assert e.value.kind == "missing_tensor"
+
+
+def test_moe_scales_matter():
+    """gemma4moe fixture (dense MLP + 4 routed experts, top-2): parity with the recorded transformers
+    outputs, lost when the per-expert scale or the router's input scale is ignored."""
+    m = load_model(os.path.join(HERE, "data", "fixtures", "gemma4moe.gguf"), "numpy")
+    with open(os.path.join(HERE, "data", "gemma4moe_ref_models.json")) as fh:
+        case = json.load(fh)["cases"][1]
+    assert m.graph_capturable is False and m.blocks[1].moe is not None
+    assert m.blocks[1].attn.wv is not m.blocks[1].attn.wk  # v_proj present (k_eq_v false)
+    assert _rel_err(m, case) < 1e-3
+    moe = m.blocks[1].moe
+    old = moe.expert_scale
+    try:
+        moe.expert_scale = np.ones_like(old)
+        assert _rel_err(m, case) > 1e-2
+    finally:
+        moe.expert_scale = old
+    old = moe.router_scale
+    try:
+        moe.router_scale = m.blocks[1].ffn_norm  # another (E,) vector: routing must change
+        assert _rel_err(m, case) > 1e-2
+    finally:
+        moe.router_scale = old

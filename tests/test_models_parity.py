@@ -47,6 +47,8 @@ CASES = {
     "deepseek2": (os.path.join(DATA, "fixtures", "deepseek2.gguf"), "deepseek2_ref_models.json"),
     # per-layer SWA pattern and head dims, proportional RoPE, k == v, KV-shared layers, PLE, softcap
     "gemma4": (os.path.join(DATA, "fixtures", "gemma4.gguf"), "gemma4_ref_models.json"),
+    # gemma4 MoE layers: dense MLP + routed experts (router scale, per-expert scale, fused gate_up)
+    "gemma4moe": (os.path.join(DATA, "fixtures", "gemma4moe.gguf"), "gemma4moe_ref_models.json"),
 }
 
 

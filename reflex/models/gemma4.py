@@ -27,7 +27,8 @@ conversion/gemma.py Gemma4Model; graph src/models/gemma4.cpp; transformers Gemma
 - every layer's output is multiplied by its scalar `blk.N.layer_output_scale`;
 - the logits are soft-capped, cap * tanh(logits / cap), with `final_logit_softcapping` (`lm_head`).
 Norm weights are used as stored (Gemma 4's RMSNorm multiplies by w, converter norm_shift 0).
-Not supported: the MoE block (`ffn_gate_inp`, 26B-A4B) -- a file with it is refused.
+- MoE layers (26B-A4B, `ffn_gate_inp` present): the dense MLP's output is post-normed
+  (`post_ffw_norm_1`) and the routed experts' (class MoE) added before `post_ffw_norm`.
 """
 from __future__ import annotations
 
@@ -83,6 +84,9 @@ class HParams:
     n_kv_shared: int = 0     # gemma4.attention.shared_kv_layers
     n_embd_per_layer: int = 0  # gemma4.embedding_length_per_layer_input (0 = no per-layer embeddings)
     softcap: float = 0.0     # gemma4.final_logit_softcapping (0 = none)
+    n_expert: int = 0        # gemma4.expert_count (0 = dense)
+    n_expert_used: int = 0   # gemma4.expert_used_count
+    n_ff_exp: int = 0        # gemma4.expert_feed_forward_length
     arch: str = "gemma4"
 
     # check_decoder_keys reads scalar n_head_kv / n_ff: the smallest of each stands in for the array
@@ -147,6 +151,8 @@ class HParams:
                 bad("attention.head_count_kv", f"layer {i} differs from the layer whose KV it shares")
         if self.n_embd_per_layer < 0:
             bad("embedding_length_per_layer_input", f"{self.n_embd_per_layer}")
+        if self.n_expert < 0 or not (0 <= self.n_expert_used <= self.n_expert) or self.n_ff_exp < 0:
+            bad("expert_used_count", f"{self.n_expert_used} of {self.n_expert} experts, n_ff_exp {self.n_ff_exp}")
         if self.softcap < 0.0 or not math.isfinite(self.softcap):
             bad("final_logit_softcapping", f"{self.softcap}")
 
@@ -186,6 +192,9 @@ class HParams:
             n_kv_shared=_key(f, arch, "attention.shared_kv_layers", int, 0),
             n_embd_per_layer=_key(f, arch, "embedding_length_per_layer_input", int, 0),
             softcap=_key(f, arch, "final_logit_softcapping", float, 0.0),
+            n_expert=_key(f, arch, "expert_count", int, 0),
+            n_expert_used=_key(f, arch, "expert_used_count", int, 0),
+            n_ff_exp=_key(f, arch, "expert_feed_forward_length", int, 0),
             arch=arch,
         )
 
@@ -236,6 +245,11 @@ class _W(_Weights):
         if perm is not None:
             v = v[perm]
         return self.b.prepare_weight(np.ascontiguousarray(v).view(np.uint8).reshape(-1), 0, tuple(shape))
+
+    def vec_np(self, name, shape):
+        """A small tensor as a host float32 array (routing-side scales)."""
+        t = self.info(name, shape)
+        return dequantize(self.f.tensor_bytes(name), t.ggml_type, t.shape).reshape(shape).astype(np.float32)
 
     def scalar(self, name) -> float:
         t = self.info(name, (1,))
@@ -302,13 +316,69 @@ class FFN:
         return b.matmul(h, self.w_down)                                           # (T, n_embd)
 
 
+class MoE:
+    """Gemma 4's routed experts (26B-A4B), added to the dense MLP's output in every MoE layer.
+
+    Router on the residual stream x (not the pre-normed input): logits = ffn_gate_inp @
+    (rms_norm(x) * ffn_gate_inp.scale / sqrt(n_embd)); float32 softmax over all experts, top-k,
+    renormalized to sum 1, times the chosen experts' `ffn_down_exps.scale` (transformers'
+    per_expert_scale). Experts: down_e(gelu_tanh(gate_e(h)) * up_e(h)) on h = rms_norm(x, pre_ffw_norm_2);
+    a fused `ffn_gate_up_exps` (n_expert, 2 n_ff_exp, n_embd), gate rows first, is split at load."""
+
+    def __init__(self, w: _W, hp: HParams, i: int):
+        p = f"blk.{i}."
+        E, F, X = hp.n_embd, hp.n_ff_exp, hp.n_expert
+        self.hp = hp
+        self.w_router = w.get(p + "ffn_gate_inp.weight", (X, E))        # (n_expert, n_embd)
+        self.router_scale = w.get(p + "ffn_gate_inp.scale", (E,))       # (n_embd,)
+        self.expert_scale = (w.vec_np(p + "ffn_down_exps.scale", (X,)) if w.has(p + "ffn_down_exps.scale")
+                             else np.ones(X, np.float32))                 # (n_expert,) host
+        if w.has(p + "ffn_gate_up_exps.weight"):
+            name = p + "ffn_gate_up_exps.weight"
+            t = w.info(name, (X, 2 * F, E))
+            raw = w.f.tensor_bytes(name).reshape(X, 2 * F, -1)           # rows are whole quant blocks
+            self.w_gate = w.b.prepare_weight(np.ascontiguousarray(raw[:, :F]).reshape(-1), t.ggml_type, (X, F, E))
+            self.w_up = w.b.prepare_weight(np.ascontiguousarray(raw[:, F:]).reshape(-1), t.ggml_type, (X, F, E))
+        else:
+            self.w_gate = w.get(p + "ffn_gate_exps.weight", (X, F, E))  # (n_expert, n_ff_exp, n_embd)
+            self.w_up = w.get(p + "ffn_up_exps.weight", (X, F, E))      # (n_expert, n_ff_exp, n_embd)
+        self.w_down = w.get(p + "ffn_down_exps.weight", (X, E, F))      # (n_expert, n_embd, n_ff_exp)
+        self.pre_norm = w.get(p + "pre_ffw_norm_2.weight", (E,))
+        self.post_norm = w.get(p + "post_ffw_norm_2.weight", (E,))
+
+    def route(self, b: Backend, x):
+        """(expert ids (T, K), weights (T, K)) on the host."""
+        hp = self.hp
+        r = b.mul(b.rms_norm(x, self.router_scale, hp.rms_eps), np.float32(1.0 / math.sqrt(hp.n_embd)))
+        logits = b.to_numpy(b.matmul(r, self.w_router)).astype(np.float32)  # (T, n_expert)
+        p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        ids = np.argsort(-p, axis=-1, kind="stable")[:, :hp.n_expert_used]    # (T, K), best first
+        wt = np.take_along_axis(p, ids, axis=-1)
+        wt = wt / wt.sum(axis=-1, keepdims=True) * self.expert_scale[ids]
+        return ids, wt.astype(np.float32)
+
+    def __call__(self, b: Backend, x):
+        ids, wt = self.route(b, x)
+        h = b.rms_norm(x, self.pre_norm, self.hp.rms_eps)                   # (T, n_embd)
+        g = b.expert_matmul(h, self.w_gate, ids)                           # (T, K, n_ff_exp)
+        u = b.expert_matmul(h, self.w_up, ids)                             # (T, K, n_ff_exp)
+        y = b.expert_matmul(b.mul(b.gelu_tanh(g), u), self.w_down, ids, wt)  # (T, n_embd)
+        return b.rms_norm(y, self.post_norm, self.hp.rms_eps)
+
+
 class Block:
     def __init__(self, w: _W, hp: HParams, i: int, rope_plan):
         p, E = f"blk.{i}.", hp.n_embd
         self.hp = hp
+        self.moe = None
         if w.has(p + "ffn_gate_inp.weight"):
-            raise ModelFormatError(f"gemma4: layer {i} has a MoE block (ffn_gate_inp), not supported",
-                                   kind="unsupported_tensor")
+            if not (hp.n_expert and hp.n_expert_used and hp.n_ff_exp):
+                raise ModelFormatError(f"gemma4: layer {i} has a MoE router but expert_count / "
+                                       "expert_used_count / expert_feed_forward_length are not set",
+                                       kind="missing_key")
+            self.moe = MoE(w, hp, i)
+            self.post_ffn_norm_1 = w.get(p + "post_ffw_norm_1.weight", (E,))
         self.attn_norm = w.get(p + "attn_norm.weight", (E,))
         self.post_attn_norm = w.get(p + "post_attention_norm.weight", (E,))
         self.ffn_norm = w.get(p + "ffn_norm.weight", (E,))
@@ -327,6 +397,8 @@ class Block:
         h = self.attn(b, b.rms_norm(x, self.attn_norm, eps), pos, cache, n_past, mask)
         x = b.add(x, b.rms_norm(h, self.post_attn_norm, eps))
         h = self.ffn(b, b.rms_norm(x, self.ffn_norm, eps))
+        if self.moe is not None:  # dense MLP as the shared expert, plus the routed experts
+            h = b.add(b.rms_norm(h, self.post_ffn_norm_1, eps), self.moe(b, x))
         x = b.add(x, b.rms_norm(h, self.post_ffn_norm, eps))                       # (T, n_embd)
         if pe is not None:
             g = b.mul(b.gelu_tanh(b.matmul(x, self.pl_gate)), pe)                   # (T, n_pl)
@@ -365,7 +437,8 @@ class Model:
         n_pl, L = hp.n_embd_per_layer, hp.n_layer
         # a captured CUDA decode step reads the token id on the device for token_embd; the per-layer
         # rows tok * n_layer + i are computed on the host, so a PLE model decodes eagerly
-        self.graph_capturable = not n_pl
+        # (and MoE layers route on the host, as qwen3moe)
+        self.graph_capturable = not n_pl and not any(blk.moe is not None for blk in self.blocks)
         if n_pl:
             # per_layer_token_embd (n_vocab, n_layer * n_pl) read as (n_vocab * n_layer, n_pl) rows:
             # row tok * n_layer + i is layer i's slice of token tok (whole quant blocks when n_pl is a
