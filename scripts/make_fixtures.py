@@ -122,6 +122,25 @@ def _deepseek2():
     return model
 
 
+def _deepseek2_lite():
+    # DeepSeek-V2-Lite's layout scaled down: no q_lora_rank (plain attn_q), plain RoPE (no scaling),
+    # softmax scoring without a selection bias or renormalization (topk_method greedy, norm_topk_prob
+    # false), routed_scaling_factor 1.5, 2 shared experts (width 2 n_ff_exp); MLA and the
+    # dense / MoE split as deepseek2's V3 recipe.
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    cfg = DeepseekV2Config(
+        vocab_size=49152, hidden_size=8, intermediate_size=24, moe_intermediate_size=4,
+        num_hidden_layers=4, first_k_dense_replace=2, num_attention_heads=2, num_key_value_heads=2,
+        n_shared_experts=2, n_routed_experts=4, num_experts_per_tok=2, topk_method="greedy",
+        n_group=1, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=False, kv_lora_rank=10,
+        q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=6, v_head_dim=5,
+        max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        initializer_range=0.25, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    cfg.scoring_func = "softmax"  # as DeepSeek-V2's config.json
+    return DeepseekV2ForCausalLM(cfg)
+
+
 def _granitehybrid():
     # Granite 4.0-H-Tiny/Small's layout (GraniteMoeHybridForCausalLM) scaled down: Mamba-2 and attention
     # layers interleaved (2 of each, per layer_types), no positional embedding on attention (Granite
@@ -205,6 +224,7 @@ RECIPES = {
     "mistral_swa": (_mistral_swa, 5),
     "qwen35": (_qwen35, 6),
     "deepseek2": (_deepseek2, 8),
+    "deepseek2_lite": (_deepseek2_lite, 9),
     "granitehybrid": (_granitehybrid, 9),
     "gemma4": (_gemma4, 6),
     "gemma4moe": (_gemma4moe, 7),

@@ -62,6 +62,8 @@ CASES = {
                                 _TEXT * 2]),
     # MLA (q_lora_rank set) + YaRN + 2 dense / 2 MoE layers with sigmoid scoring, exp_probs_b, shared expert
     "deepseek2": ("hf", "deepseek2", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
+    # V2-Lite layout: no q_lora_rank, plain RoPE, softmax scoring, no bias / renormalization, 2 shared experts
+    "deepseek2_lite": ("hf", "deepseek2_lite", []),
     # Mamba-2 + NoPE attention hybrid with MoE + shared expert and Granite multipliers; HF's prefill is
     # the chunked SSD scan (chunk 4), so the long prompt crosses many chunks
     "granitehybrid": ("hf", "granitehybrid", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",

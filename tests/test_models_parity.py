@@ -45,6 +45,8 @@ CASES = {
     "granitehybrid": (os.path.join(DATA, "fixtures", "granitehybrid.gguf"), "granitehybrid_ref_models.json"),
     # MLA (latent KV cache, absorbed k_b/v_b) + YaRN + MoE with sigmoid scoring, exp_probs_b, shared expert
     "deepseek2": (os.path.join(DATA, "fixtures", "deepseek2.gguf"), "deepseek2_ref_models.json"),
+    # V2-Lite layout: plain attn_q, no RoPE scaling, softmax scoring, 2 shared experts
+    "deepseek2_lite": (os.path.join(DATA, "fixtures", "deepseek2_lite.gguf"), "deepseek2_lite_ref_models.json"),
     # per-layer SWA pattern and head dims, proportional RoPE, k == v, KV-shared layers, PLE, softcap
     "gemma4": (os.path.join(DATA, "fixtures", "gemma4.gguf"), "gemma4_ref_models.json"),
     # gemma4 MoE layers: dense MLP + routed experts (router scale, per-expert scale, fused gate_up)
