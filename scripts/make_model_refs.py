@@ -64,11 +64,16 @@ CASES = {
     "deepseek2": ("hf", "deepseek2", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]),
     # V2-Lite layout: no q_lora_rank, plain RoPE, softmax scoring, no bias / renormalization, 2 shared experts
     "deepseek2_lite": ("hf", "deepseek2_lite", []),
+    # the deepseek2 weights with group-limited routing: 2 groups of 2 experts, the best 1 group kept
+    "deepseek2_group": ("hf", "deepseek2", []),
     # Mamba-2 + NoPE attention hybrid with MoE + shared expert and Granite multipliers; HF's prefill is
     # the chunked SSD scan (chunk 4), so the long prompt crosses many chunks
     "granitehybrid": ("hf", "granitehybrid", ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
                                               _TEXT]),
 }
+
+# config changes a case loads the saved HF model with (the GGUF side gets the same change in its test)
+CONFIG_OVERRIDES = {"deepseek2_group": {"n_group": 2, "topk_group": 1}}
 
 
 def _load(name):
@@ -82,6 +87,7 @@ def _load(name):
 
     tok = TokenizersBackend.from_pretrained(d)  # as saved (see make_fixtures.py on Qwen2Tokenizer)
     kw = {"norm_topk_prob": False} if name.endswith("_nonorm") else {}
+    kw = CONFIG_OVERRIDES.get(name, kw)
     model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32, **kw)
     return tok, model, f"tests/data/fixtures/{where}.gguf"
 

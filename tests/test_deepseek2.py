@@ -65,6 +65,8 @@ def _hp(over):
     {"deepseek2.expert_used_count": 5},
     {"deepseek2.attention.kv_lora_rank": 0},
     {"deepseek2.rope.scaling.original_context_length": 0},
+    {"deepseek2.expert_group_count": 3},                     # does not divide expert_count 4
+    {"deepseek2.expert_group_count": 2, "deepseek2.expert_group_used_count": 3},
 ])
 def test_bad_hparams(over):
     with pytest.raises(ModelFormatError) as e:
@@ -73,7 +75,8 @@ def test_bad_hparams(over):
 
 
 @pytest.mark.parametrize("over", [
-    {"deepseek2.expert_group_count": 8, "deepseek2.expert_group_used_count": 4},  # group-limited routing
+    # group-limited routing with softmax scoring (V2's group_limited_greedy)
+    {"deepseek2.expert_gating_func": 1, "deepseek2.expert_group_count": 2, "deepseek2.expert_group_used_count": 1},
     {"deepseek2.rope.scaling.type": "linear"},
 ])
 def test_unsupported(over):
@@ -212,3 +215,35 @@ def test_rope_freqs_matches_rope():
     for mode in (ROPE_NORM, ROPE_NEOX):
         np.testing.assert_allclose(b.rope_freqs(x, pos, inv, mode), b.rope(x, pos, 8, 10000.0, mode),
                                    rtol=1e-5, atol=1e-5)
+
+
+GROUP = {"deepseek2.expert_group_count": 2, "deepseek2.expert_group_used_count": 1}
+
+
+def _greedy(model, ids, n_new):
+    cache = model.new_cache(len(ids) + n_new)
+    lg = model.forward(ids, cache, last_only=True)
+    out = []
+    for _ in range(n_new):
+        out.append(int(np.argmax(lg[-1])))
+        lg = model.forward([out[-1]], cache)
+    return out
+
+
+def test_group_limited_routing():
+    """The fixture read with expert_group_count 2 / expert_group_used_count 1 against transformers'
+    DeepseekV3 with n_group 2 / topk_group 1 on the same weights (deepseek2_group_ref_models.json,
+    recorded by scripts/make_model_refs.py deepseek2_group); the ungrouped model must not match it."""
+    from reflex.backends import get_backend
+    from reflex.models.deepseek2 import HParams, Model
+
+    with open(os.path.join(DATA, "deepseek2_group_ref_models.json")) as fh:
+        ref = json.load(fh)
+    f = _file(GROUP)
+    model = Model(f, get_backend("numpy"), HParams.from_gguf(f, "deepseek2"))
+    assert (model.hp.n_group, model.hp.n_group_used) == (2, 1)
+    for case in ref["cases"][:3]:
+        assert _ref_err(model, case, ref) < 1e-3
+        assert _greedy(model, case["prompt_ids"], len(case["greedy_ids"])) == case["greedy_ids"]
+    plain = _variant()
+    assert max(_ref_err(plain, c, ref) for c in ref["cases"][:3]) > 1e-2

@@ -18,7 +18,8 @@ with shared experts after `leading_dense_block_count` dense layers.
   top-k chosen on scores + exp_probs_b (when present) but weighted by the scores, renormalized when
   expert_weights_norm, times expert_weights_scale; plus expert_shared_count shared experts (a dense
   SwiGLU of width n_ff_exp * n_shared). Group-limited routing (expert_group_used_count <
-  expert_group_count) is not implemented and is refused; MTP layers are not read.
+  expert_group_count) is V3's (groups ranked by the sum of their 2 best choice scores) and only with
+  sigmoid scoring; with softmax (V2's group_limited_greedy) it is refused. MTP layers are not read.
 """
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ class HParams:
     expert_weights_scale: float = 1.0  # {arch}.expert_weights_scale
     expert_weights_norm: bool = False  # {arch}.expert_weights_norm (absent: false, as llama.cpp)
     gating_func: int = GATING_SOFTMAX  # {arch}.expert_gating_func
+    n_group: int = 1        # {arch}.expert_group_count
+    n_group_used: int = 1   # {arch}.expert_group_used_count
     yarn: bool = False      # {arch}.rope.scaling.type == "yarn"
     rope_factor: float = 1.0      # {arch}.rope.scaling.factor
     n_ctx_orig: int = 0           # {arch}.rope.scaling.original_context_length
@@ -108,6 +111,12 @@ class HParams:
                 bad("expert_gating_func", f"{self.gating_func} (1 softmax or 2 sigmoid)")
             if not math.isfinite(self.expert_weights_scale):
                 bad("expert_weights_scale", f"{self.expert_weights_scale}")
+            if self.n_group <= 0 or self.n_expert % self.n_group:
+                bad("expert_group_count", f"{self.n_group} (must divide expert_count {self.n_expert})")
+            if not 0 < self.n_group_used <= self.n_group:
+                bad("expert_group_used_count", f"{self.n_group_used} (expert_group_count {self.n_group})")
+            if self.n_group_used < self.n_group and self.n_expert_used > self.n_group_used * (self.n_expert // self.n_group):
+                bad("expert_used_count", f"{self.n_expert_used} exceeds the experts of {self.n_group_used} groups")
         if self.yarn:
             if not (self.rope_factor >= 1.0) or not math.isfinite(self.rope_factor):
                 bad("rope.scaling.factor", f"{self.rope_factor}")
@@ -127,9 +136,12 @@ class HParams:
             if got != want:
                 invalid_key(arch, key, f"{got} (expected {want} for the MLA latent layout)")
         n_group = _key(f, arch, "expert_group_count", int, 1)
-        if sparse and _key(f, arch, "expert_group_used_count", int, n_group) < n_group:
-            raise UnsupportedArchitecture(f"{arch}: group-limited expert routing (expert_group_used_count < "
-                                          f"expert_group_count {n_group}) is not implemented")
+        n_group_used = _key(f, arch, "expert_group_used_count", int, n_group)
+        if (sparse and n_group_used < n_group
+                and _key(f, arch, "expert_gating_func", int, GATING_SOFTMAX) != GATING_SIGMOID):
+            # V2's group_limited_greedy ranks groups by their max softmax score: not verified, refused
+            raise UnsupportedArchitecture(f"{arch}: group-limited routing with softmax scoring "
+                                          f"(expert_group_used_count < expert_group_count) is not implemented")
         scaling = f.get(f"{arch}.rope.scaling.type", "none")
         if scaling not in ("none", "yarn"):
             raise UnsupportedArchitecture(f"{arch}: rope scaling {scaling!r} is not implemented (none, yarn)")
@@ -156,6 +168,8 @@ class HParams:
             expert_weights_scale=_key(f, arch, "expert_weights_scale", float, 1.0),
             expert_weights_norm=_flag(f, f"{arch}.expert_weights_norm", False),
             gating_func=_key(f, arch, "expert_gating_func", int, GATING_SOFTMAX),
+            n_group=n_group,
+            n_group_used=n_group_used,
             yarn=yarn,
             rope_factor=_key(f, arch, "rope.scaling.factor", float, 1.0) if yarn else 1.0,
             n_ctx_orig=_key(f, arch, "rope.scaling.original_context_length", int, 0) if yarn else 0,
@@ -324,6 +338,17 @@ class MoEFFN:
             p = np.exp(logits - logits.max(axis=-1, keepdims=True))
             p /= p.sum(axis=-1, keepdims=True)
         choice = p if self.bias is None else p + self.bias[None, :]           # bias picks, never weighs
+        G, Gu = hp.n_group, hp.n_group_used
+        if Gu < G:
+            # V3 group-limited routing: rank groups by the sum of their 2 best choice scores, keep
+            # the best n_group_used groups, choose experts only inside them
+            T = choice.shape[0]
+            grp = choice.reshape(T, G, hp.n_expert // G)                           # (T, G, experts/G)
+            top2 = -np.sort(-grp, axis=-1)[:, :, :2].sum(axis=-1)                 # (T, G)
+            keep = np.argsort(-top2, axis=-1, kind="stable")[:, :Gu]              # (T, Gu)
+            allowed = np.zeros((T, G), dtype=bool)
+            np.put_along_axis(allowed, keep, True, axis=-1)
+            choice = np.where(np.repeat(allowed, hp.n_expert // G, axis=-1), choice, -np.inf)
         ids = np.argsort(-choice, axis=-1, kind="stable")[:, :hp.n_expert_used]  # (T, K)
         wt = np.take_along_axis(p, ids, axis=-1)                               # (T, K)
         if hp.expert_weights_norm:
