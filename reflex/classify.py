@@ -87,11 +87,19 @@ def classify(engine, text, labels=None, template: str | None = None, normalize: 
     """Probability per label for `text` (see the module docstring)."""
     from reflex.system1 import score
 
-    if not isinstance(text, str) or not text.strip():
+    pair = (isinstance(text, (list, tuple)) and len(text) == 2
+            and all(isinstance(x, str) for x in text))          # a (query, document) pair
+    if pair:
+        if not text[0].strip() or not text[1].strip():
+            raise InvalidRequest("both texts of a [query, document] pair must be non-empty")
+    elif not isinstance(text, str) or not text.strip():
         raise InvalidRequest("text is empty")
     head = _head_fn(engine)
     if head is not None:
-        return _from_head(head(engine, text))
+        return _from_head(head(engine, tuple(text) if pair else text))
+    if pair:
+        raise InvalidRequest("a [query, document] pair needs a model with a classifier head "
+                             "(cls.* tensors: a cross-encoder / reranker)")
     if labels is None:
         raise InvalidRequest("labels are required (this model has no classification head)")
     names, verbal = _labels(labels)

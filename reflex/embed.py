@@ -32,6 +32,7 @@ from reflex.errors import ContextOverflow, InvalidRequest
 POOLING_NONE, POOLING_MEAN, POOLING_CLS, POOLING_LAST, POOLING_RANK = 0, 1, 2, 3, 4
 POOLING_NAMES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 PACK_TOKENS = 4096  # tokens per packed forward: big enough for BLAS, small enough for the cache
+GPU_PACK_TOKENS = 2048  # device backends: one (T, T) masked attention per pack
 SMALL_TOKENS = 1024  # below this a single pack runs with 1 BLAS thread
 
 
@@ -57,17 +58,84 @@ def pooling_of(model, pooling=None, metadata=None) -> int:
     return int(pooling)
 
 
+def is_pair(x) -> bool:
+    """A sentence pair (query, document): a list or tuple of exactly two strings."""
+    return isinstance(x, (list, tuple)) and len(x) == 2 and all(isinstance(s, str) for s in x)
+
+
 def _texts(texts) -> list:
-    if isinstance(texts, str):
+    """Inputs: a string, a pair, or a non-empty list of strings and pairs (a pair inside a list is
+    itself a list/tuple of two strings, so ["a", "b"] is two texts and [["a", "b"]] one pair)."""
+    if isinstance(texts, str) or (isinstance(texts, tuple) and is_pair(texts)):
         texts = [texts]
     if not isinstance(texts, (list, tuple)) or not texts:
-        raise InvalidRequest("input must be a non-empty string or a non-empty list of strings")
+        raise InvalidRequest("input must be a non-empty string or a non-empty list of strings "
+                             "or [query, document] pairs")
     for i, t in enumerate(texts):
+        if is_pair(t):
+            if t[0] == "" or t[1] == "":
+                raise InvalidRequest(f"input[{i}]: both texts of a pair must be non-empty")
+            continue
         if not isinstance(t, str):
-            raise InvalidRequest(f"input[{i}] is {type(t).__name__}, expected a string")
+            raise InvalidRequest(f"input[{i}] is {type(t).__name__}, expected a string or a "
+                                 f"[query, document] pair of strings")
         if t == "":
             raise InvalidRequest(f"input[{i}] is empty")
-    return list(texts)
+    return [tuple(t) if is_pair(t) else t for t in texts]
+
+
+def encode_pair(tokenizer, a: str, b: str):
+    """BERT's pair encoding: ids [CLS] a [SEP] b [SEP], token types 0 .. 0 1 .. 1 (the second
+    segment and its [SEP] are type 1), as HF's BertTokenizer(a, b) encodes it. Needs a tokenizer
+    that adds [CLS] (BOS) and [SEP] (EOS)."""
+    if not (getattr(tokenizer, "add_bos", False) and getattr(tokenizer, "add_eos", False)
+            and tokenizer.bos_id is not None and tokenizer.eos_id is not None):
+        raise InvalidRequest("sentence-pair input needs an encoder tokenizer that adds [CLS] and "
+                             "[SEP] (a bert-style model)")
+    ia = tokenizer.encode(a, add_special=True)                       # [CLS] a [SEP]
+    ib = tokenizer.encode(b, add_special=False) + [tokenizer.eos_id]  # b [SEP]
+    return ia + ib, [0] * len(ia) + [1] * len(ib)
+
+
+def _truncate_pair(ids: list, types: list, limit: int):
+    """Longest-first truncation (HF's default for pairs): drop the last body token of the longer
+    segment (the second on a tie) until the pair fits; the special tokens stay."""
+    n1 = types.count(0)                             # [CLS] a [SEP]
+    a, b = ids[1:n1 - 1], ids[n1:-1]                # bodies without [CLS] / [SEP]
+    while 3 + len(a) + len(b) > limit and (a or b):
+        if len(a) > len(b):
+            a = a[:-1]
+        else:
+            b = b[:-1]
+    out = [ids[0]] + a + [ids[n1 - 1]] + b + [ids[-1]]
+    return out, [0] * (len(a) + 2) + [1] * (len(b) + 1)
+
+
+def tokenize_inputs(tokenizer, texts, limit: int, truncate: bool, n_types: int = 2):
+    """(ids per input, token types per input or None when every input is a plain text)."""
+    if not any(isinstance(t, tuple) for t in texts):
+        return tokenize(tokenizer, texts, limit, truncate), None
+    seqs, types = [], []
+    for i, t in enumerate(texts):
+        if isinstance(t, tuple):
+            ids, tt = encode_pair(tokenizer, t[0], t[1])
+            if limit and len(ids) > limit:
+                if not truncate:
+                    raise ContextOverflow(f"input[{i}] (a pair) is {len(ids)} tokens; the model takes "
+                                          f"{limit} (pass truncate=True to cut it)")
+                ids, tt = _truncate_pair(ids, tt, limit)
+            if n_types < 2:  # a model with one token type sees the pair's ids only
+                tt = [0] * len(ids)
+        else:
+            ids = tokenize(tokenizer, [t], limit, truncate)[0]
+            tt = [0] * len(ids)
+        seqs.append(ids)
+        types.append(tt)
+    return seqs, types
+
+
+def _n_types(model) -> int:
+    return int(getattr(model.hp, "n_token_types", 1) or 1)
 
 
 def context_limit(model, n_ctx=None) -> int:
@@ -119,14 +187,19 @@ def _packs(seqs: list, budget: int) -> list:
     return packs
 
 
-def hidden_states(model, seqs: list, pack_tokens: int = PACK_TOKENS) -> list:
+def hidden_states(model, seqs: list, pack_tokens: int = PACK_TOKENS, types: list | None = None) -> list:
     """Final hidden states (T_i, n_embd) for each id list, packed where the model allows it.
+    types: token types (segment ids) per sequence, for sentence pairs (None: all 0).
 
     On the NumPy backend with several cores, packs run on one Python thread per core with BLAS
     at 1 thread (NumPy's elementwise ops are single-threaded and release the GIL): all ops use
     every core, and a shared machine does not stall OpenBLAS's spinning thread team."""
     out = [None] * len(seqs)
+    if types is not None and not any(any(t) for t in types):
+        types = None
     if not getattr(model, "supports_packing", False):
+        if types is not None:
+            raise InvalidRequest(f"{model.hp.arch}: this model takes no token types (sentence pairs)")
         for i, ids in enumerate(seqs):
             cache = model.new_cache(len(ids))
             out[i] = model.forward(ids, cache, output="hidden")                   # (T_i, n_embd)
@@ -136,15 +209,16 @@ def hidden_states(model, seqs: list, pack_tokens: int = PACK_TOKENS) -> list:
     total = sum(len(s) for s in seqs)
     budget = pack_tokens if workers == 1 else min(pack_tokens, max(512, -(-total // workers)))
     if not on_numpy:
-        # a packed forward joins the per-sequence attention outputs on the host (np.concatenate);
-        # a GPU backend already fills its cores with one sequence, so it runs them one by one
-        budget = 0
+        # a device backend packs under one block-diagonal attention mask (reflex/models/bert.py):
+        # its attention costs T^2 per pack, so packs stay at GPU_PACK_TOKENS
+        budget = min(pack_tokens, GPU_PACK_TOKENS)
     packs = _packs(seqs, budget)
 
     def run(pack):
         ids = [t for i in pack for t in seqs[i]]
         lens = [len(seqs[i]) for i in pack]
-        h = model.forward(ids, None, output="hidden", seq_lens=lens)  # (sum T_i, n_embd)
+        tt = None if types is None else [t for i in pack for t in types[i]]
+        h = model.forward(ids, None, output="hidden", seq_lens=lens, token_types=tt)  # (sum T_i, n_embd)
         s = 0
         for i, L in zip(pack, lens):
             out[i] = h[s:s + L]
@@ -200,8 +274,8 @@ def embed(model, tokenizer, texts, normalize: bool = True, truncate: bool = Fals
         raise InvalidRequest("this model has a classifier head (RANK pooling): use classify_head()")
     if not isinstance(normalize, bool) or not isinstance(truncate, bool):
         raise InvalidRequest("normalize and truncate must be booleans")
-    seqs = tokenize(tokenizer, texts, context_limit(model, n_ctx), truncate)
-    hs = hidden_states(model, seqs)
+    seqs, types = tokenize_inputs(tokenizer, texts, context_limit(model, n_ctx), truncate, _n_types(model))
+    hs = hidden_states(model, seqs, types=types)
     info = {"n_tokens": [len(s) for s in seqs], "pooling": p}
     if p == POOLING_NONE:
         return [l2_normalize(h) if normalize else h for h in hs], info
@@ -227,14 +301,15 @@ def head_scores(model, tokenizer, texts, truncate: bool = False, n_ctx: int | No
     if not has_head(model):
         raise InvalidRequest(f"model ({model.arch}) has no classifier head (cls.* tensors)")
     texts = _texts(texts)
-    seqs = tokenize(tokenizer, texts, context_limit(model, n_ctx), truncate)
-    rows = np.stack([h[0] for h in hidden_states(model, seqs)])               # (N, n_embd)
+    seqs, types = tokenize_inputs(tokenizer, texts, context_limit(model, n_ctx), truncate, _n_types(model))
+    rows = np.stack([h[0] for h in hidden_states(model, seqs, types=types)])  # (N, n_embd)
     return model.head(rows)                                                    # (N, n_labels)
 
 
-def classify_head(engine, text: str, truncate: bool = False) -> dict:
+def classify_head(engine, text, truncate: bool = False) -> dict:
     """{label: probability} from the model's GGUF classifier head: softmax over the labels
-    (a single-output head, as rerankers have, gives sigmoid(score) under its one label)."""
+    (a single-output head, as rerankers have, gives sigmoid(score) under its one label).
+    text: a string, or a (query, document) pair for cross-encoders / rerankers."""
     model, tok = engine.model, engine.tokenizer
     s = head_scores(model, tok, [text], truncate=truncate, n_ctx=getattr(engine, "n_ctx", None))[0]
     s = s.astype(np.float64)

@@ -286,3 +286,32 @@ def test_packed_equals_separate_and_block_mask(engine):
     assert np.allclose(packed, masked, atol=1e-4)
     # without the mask the sequences see each other: different states
     assert not np.allclose(m.forward(flat, None, output="hidden", positions=pos), packed, atol=1e-3)
+
+
+def test_device_packing_uses_one_masked_attention(engine, monkeypatch):
+    """A backend that is not NumPy (here the NumPy backend renamed, so it runs without a GPU) packs
+    several sequences through one attention call under the block-diagonal mask, with no host
+    concatenation; the hidden states equal separate forwards (the reference: one forward per text)."""
+    from reflex.embed import hidden_states
+    from reflex.models.bert import block_diagonal_mask
+
+    m, tok = engine.model, engine.tokenizer
+    seqs = [tok.encode(t) for t in ("first sentence here", "a second, longer sentence with more words", "x")]
+    sep = [m.forward(s, None, output="hidden") for s in seqs]
+    b = m.backend
+    calls = []
+    real = type(b).attention
+
+    def spy(self, q, k, v, n_past, scale=None, **kw):
+        calls.append((q.shape[0], kw.get("mask") is not None))
+        return real(self, q, k, v, n_past, scale, **kw)
+
+    monkeypatch.setattr(b, "name", "fake-device")
+    monkeypatch.setattr(type(b), "attention", spy)
+    packed = hidden_states(m, seqs)
+    T = sum(len(s) for s in seqs)
+    assert calls and all(c == (T, True) for c in calls)   # one masked call per layer, whole pack
+    for h, s in zip(packed, sep):
+        assert np.allclose(h, s, atol=1e-4)
+    mk = block_diagonal_mask([2, 3], causal=True)
+    assert mk.tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]

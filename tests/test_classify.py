@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from reflex.classify import DEFAULT_TEMPLATE, classify, render_prompt
-from reflex.errors import InvalidRequest
+from reflex.errors import ContextOverflow, InvalidRequest
 
 HERE = os.path.dirname(__file__)
 MODELS = os.environ.get("REFLEX_MODELS", os.path.expanduser("~/.cache/reflex/models"))
@@ -175,3 +175,45 @@ def test_cli_json():
     d = json.loads(p.stdout)
     assert set(d["probs"]) == {"sports", "politics"} and d["source"] == "system1"
     assert sum(d["probs"].values()) == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- sentence pairs (cross-encoders)
+PAIR_REF = os.path.join(HERE, "data", "bert_pair_ref.json")
+
+
+@pytest.mark.skipif(not os.path.exists(BERT_CLS), reason="classifier fixture missing")
+def test_pair_matches_transformers():
+    """(query, document) pairs on the classifier fixture: ids and token types equal HF's
+    BertTokenizerFast pair encoding (longest-first truncation too), probabilities equal the softmax
+    of transformers' classifier([CLS]) logits (within 1e-2: F16 weights), all recorded by
+    scripts/make_pair_refs.py in tests/data/bert_pair_ref.json (CI has no torch)."""
+    from reflex.embed import head_scores, hidden_states, tokenize_inputs
+    from reflex.engine import Engine
+
+    with open(PAIR_REF) as fh:
+        ref = json.load(fh)
+    with Engine(BERT_CLS) as e:
+        for r in ref["pairs"]:
+            seqs, types = tokenize_inputs(e.tokenizer, [(r["query"], r["document"])], 512, False)
+            assert seqs[0] == r["input_ids"] and types[0] == r["token_type_ids"], r["query"]
+            want = _softmax(r["logits_no_pooler"])
+            got = e.classify([r["query"], r["document"]])
+            assert got.source == "head"
+            assert np.abs(np.array(list(got.probs.values())) - want).max() <= 1e-2, r["query"]
+            # the token types matter: the same ids with all-zero types give other logits
+            s = head_scores(e.model, e.tokenizer, [(r["query"], r["document"])])[0]
+            h0 = hidden_states(e.model, seqs)[0][0]
+            assert np.abs(e.model.head(h0[None])[0] - s).max() > 1e-3
+        for r in ref["truncated"]:
+            seqs, types = tokenize_inputs(e.tokenizer, [(r["query"], r["document"])], r["max_length"], True)
+            assert seqs[0] == r["input_ids"] and types[0] == r["token_type_ids"], r
+            with pytest.raises(ContextOverflow):
+                tokenize_inputs(e.tokenizer, [(r["query"], r["document"])], r["max_length"], False)
+        with pytest.raises(InvalidRequest):
+            e.classify(["query", ""])
+
+
+@needs_smollm2
+def test_pair_needs_a_head_model(eng):
+    with pytest.raises(InvalidRequest, match="classifier head"):
+        eng.classify(["a query", "a document"], ["yes", "no"])

@@ -109,6 +109,18 @@ class KVCache:
         self.n = 0
 
 
+def block_diagonal_mask(seq_lens, causal: bool = False) -> np.ndarray:
+    """bool (T, T), True = visible: each packed sequence sees only itself (causal inside if asked)."""
+    T = int(sum(seq_lens))
+    m = np.zeros((T, T), dtype=bool)
+    s = 0
+    for n in seq_lens:
+        blk = np.ones((n, n), dtype=bool)
+        m[s:s + n, s:s + n] = np.tril(blk) if causal else blk
+        s += n
+    return m
+
+
 class Attention:
     def __init__(self, w: _Weights, hp: HParams, i: int):
         p = f"blk.{i}."
@@ -130,10 +142,16 @@ class Attention:
         q = b.add(b.matmul(x, self.wq), self.bq).reshape(T, hp.n_head, hp.head_dim)  # (T, n_head, head_dim)
         k = b.add(b.matmul(x, self.wk), self.bk).reshape(T, hp.n_head, hp.head_dim)
         v = b.add(b.matmul(x, self.wv), self.bv).reshape(T, hp.n_head, hp.head_dim)
+        if seq_lens is not None and len(seq_lens) > 1 and getattr(b, "name", "") != "numpy":
+            # packed sequences on a device backend: one attention call under the block-diagonal
+            # mask (the backend's own op; no host round trip to join per-sequence outputs)
+            mask = block_diagonal_mask(seq_lens, hp.causal)                      # (T, T)
+            seq_lens = None
         if seq_lens is None:
             o = b.attention(q, k, v, 0, self.scale, mask=mask, causal=hp.causal)  # (T, n_head, head_dim)
         else:
-            # packed sequences: the block-diagonal mask, computed block by block (no T x T scores)
+            # packed sequences on NumPy: the block-diagonal mask computed block by block (no T x T
+            # scores); the outputs are host arrays, so joining them is a plain copy
             parts, s = [], 0
             for n in seq_lens:
                 parts.append(b.attention(q[s:s + n], k[s:s + n], v[s:s + n], 0, self.scale,
@@ -288,7 +306,7 @@ class Model:
             x = b.matmul(x, self.cls)
             if self.cls_b is not None:
                 x = b.add(x, self.cls_b)
-            x = np.tanh(b.to_numpy(x))
+            x = b.tanh(x)                                                  # (N, n_embd)
         if self.cls_out is not None:
             x = b.matmul(x, self.cls_out)
             if self.cls_out_b is not None:
