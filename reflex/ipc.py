@@ -139,7 +139,8 @@ def _embed_ids(eng, seqs: list, normalize: bool):
 
 
 def op_embed(srv, req, emit):
-    """input: a string, a list of strings, a list of token ids or a list of such lists.
+    """input: a string, a list of strings (or [query, document] pairs), a list of token ids or a
+    list of such lists.
     encoding_format "float" (lists of numbers) or "base64" (little-endian float32 bytes)."""
     import base64
 
@@ -164,7 +165,9 @@ def op_embed(srv, req, emit):
         vecs = eng.embed(inp if isinstance(inp, list) else [inp] if isinstance(inp, str) else inp,
                          normalize=norm, truncate=trunc)
         lim = eng.n_ctx
-        n_tok = sum(min(len(eng.tokenizer.encode(t, add_special=True)), lim) for t in
+        # a [query, document] pair counts the tokens of both texts
+        n_tok = sum(min(sum(len(eng.tokenizer.encode(x, add_special=True)) for x in
+                            (t if isinstance(t, (list, tuple)) else [t])), lim) for t in
                     ([inp] if isinstance(inp, str) else inp))
     vecs = np.asarray(vecs, dtype=np.float32)
     if vecs.ndim != 2:

@@ -217,3 +217,33 @@ def test_pair_matches_transformers():
 def test_pair_needs_a_head_model(eng):
     with pytest.raises(InvalidRequest, match="classifier head"):
         eng.classify(["a query", "a document"], ["yes", "no"])
+
+
+@pytest.mark.skipif(not os.path.exists(BERT_CLS), reason="classifier fixture missing")
+def test_pair_cli_and_ipc():
+    """The pair over the CLI (--pair) and over IPC (classify text = [query, document]; embed input
+    items as pairs) gives the same probabilities as the API (checked against transformers above)."""
+    from reflex.engine import Engine
+    from reflex.ipc import VERSION, Server
+
+    with open(PAIR_REF) as fh:
+        r = json.load(fh)["pairs"][0]
+    p = subprocess.run([sys.executable, "-m", "reflex", "classify", "-m", BERT_CLS, r["query"],
+                        "--pair", r["document"], "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    cli = json.loads(p.stdout)["probs"]
+    with Engine(BERT_CLS) as e:
+        api = e.classify([r["query"], r["document"]]).probs
+        out = []
+        srv = Server(e)
+        srv.handle_line(json.dumps({"v": VERSION, "id": 1, "op": "classify",
+                                    "text": [r["query"], r["document"]]}).encode(), out.append)
+        srv.handle_line(json.dumps({"v": VERSION, "id": 2, "op": "classify", "text": [r["query"], ""]}).encode(),
+                        out.append)
+    assert cli == pytest.approx(api, abs=1e-6)
+    ok = [o for o in out if o.get("id") == 1 and o.get("event") != "error"]
+    assert ok and json.dumps(ok[-1]).count("neutral") and not any(o.get("id") == 1 and o.get("event") == "error" for o in out)
+    assert any(o.get("id") == 2 and o.get("event") == "error" and "pair" in json.dumps(o) for o in out)
+    res = [o for o in ok if "probs" in json.dumps(o)][-1]
+    got = res.get("result", res).get("probs") if isinstance(res.get("result", res), dict) else None
+    assert got == pytest.approx(api, abs=1e-6)

@@ -8,6 +8,8 @@ import sys
 def add_arguments(p):
     p.add_argument("text", help="text to classify ('-' reads stdin)")
     p.add_argument("-m", "--model", default="smollm2", help="GGUF path, file name, or alias (default smollm2)")
+    p.add_argument("--pair", default=None, metavar="DOCUMENT",
+                   help="score (text, DOCUMENT) as a sentence pair (cross-encoder / reranker heads)")
     p.add_argument("--label", "-l", action="append", default=[], help="label (repeatable)")
     p.add_argument("--template", default=None, help="prompt template with {text} (and optionally {labels})")
     p.add_argument("--normalize", action="store_true", help="softmax over mean per-token log-probs")
@@ -20,7 +22,7 @@ def run(args) -> int:
 
     text = sys.stdin.read() if args.text == "-" else args.text
     eng = Engine(args.model, n_ctx=args.ctx)
-    r = eng.classify(text, args.label or None, template=args.template, normalize=args.normalize,
+    r = eng.classify([text, args.pair] if args.pair is not None else text, args.label or None, template=args.template, normalize=args.normalize,
                      chat=args.chat)
     if args.json:
         d = r.to_dict()
