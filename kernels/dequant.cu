@@ -37,3 +37,23 @@ __device__ void get_rows_impl(const uint8_t* table, const int* ids, float* dst, 
         get_rows_impl<T>(table, ids, dst, n_cols);                                            \
     }
 RX_FOR_EACH_TYPE(RX_DEQ)
+
+// rx_dequant_h_<type>(src, dst, n_rows, n_cols): as rx_dequant_<type> but into an __half scratch,
+//   the B operand of rx_hgemm_nt (prefill on tensor cores). Same launch. Only used for block
+//   formats and F16, whose values are exact or near-exact in f16 (K-quant/legacy products of an
+//   fp16 scale with a small integer; F32/BF16 weights keep the float32 GEMM: range).
+template <int T>
+__device__ void dequant_h_impl(const uint8_t* src, __half* dst, long n_rows, long n_cols) {
+    long n = n_rows * n_cols;
+    long row_bytes = n_cols / Q<T>::QK * Q<T>::TS;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        long r = i / n_cols, k = i - r * n_cols;
+        dst[i] = __float2half_rn(rx_dq_row<T>(src + r * row_bytes, k));
+    }
+}
+
+#define RX_DEQH(T, name)                                                                       \
+    RX_EXTERN void rx_dequant_h_##name(const uint8_t* src, __half* dst, long n_rows, long n_cols) { \
+        dequant_h_impl<T>(src, dst, n_rows, n_cols);                                           \
+    }
+RX_FOR_EACH_TYPE(RX_DEQH)

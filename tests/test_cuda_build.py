@@ -41,9 +41,9 @@ def test_fatbin_has_every_target():
 
 def test_every_launched_kernel_is_in_each_sass_image():
     ents = _entries(open(FATBIN, "rb").read())
-    names = [f"rx_{fam}_{suffix}" for fam in ("matvec", "matvec3", "matvec_glu", "get_rows", "dequant")
+    names = [f"rx_{fam}_{suffix}" for fam in ("matvec", "matvec3", "matvec_glu", "get_rows", "dequant", "dequant_h")
              for suffix, _, _ in cuda_backend.TYPES.values()]
-    names += ["rx_sgemm_nt", "rx_rms_norm", "rx_add_rms_norm", "rx_layer_norm", "rx_rope", "rx_kv_write",
+    names += ["rx_sgemm_nt", "rx_hgemm_nt", "rx_x_to_half", "rx_rms_norm", "rx_add_rms_norm", "rx_layer_norm", "rx_rope", "rx_kv_write",
               "rx_attention", "rx_attn_combine", "rx_binary", "rx_unary", "rx_glu", "rx_argmax"]
     for kind, arch, payload in ents:
         if kind == 2:

@@ -3,7 +3,9 @@ launched through the driver API (reflex.backends.cuda_driver); no NVRTC, no CuPy
 
 - Weights stay on the GPU in their GGUF block format (`QWeight`); only 1-D tensors (norms, biases)
   become float32 device arrays. Decode products read the blocks directly (rx_matvec_*); prefill
-  dequantizes one weight at a time into a reused scratch and runs a tiled float32 GEMM.
+  dequantizes one weight at a time into a reused f16 scratch and runs a tensor-core GEMM
+  (activations scaled per row into f16, f32 accumulation); F32/BF16 weights, and rows not a
+  multiple of 8, keep the dequantize-to-f32 + tiled float32 GEMM.
 - Activations are float32 `DArray`s (device pointer + shape, NumPy order); KV caches (the only
   users of `zeros`) are float16.
 - `capturing`: while a decode step is captured into a CUDA graph, the token id and the position
@@ -185,6 +187,8 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
         self.ctx.memset0(self._state.ptr, 16)
         self._pos_cache = (None, None)
         self.fuse = os.environ.get("REFLEX_CUDA_FUSE", "1") != "0"
+        # prefill products on f16 tensor cores (rx_hgemm_nt); REFLEX_CUDA_F16_GEMM=0 keeps float32 tiles
+        self.f16_gemm = os.environ.get("REFLEX_CUDA_F16_GEMM", "1") != "0"
         self._recent = []   # weakrefs to the latest pending buffers (siblings share one launch)
         self._kvq = []      # deferred kv_write calls (K and V share one launch)
         self._staged = []   # weights prepared but not yet copied (see _commit)
@@ -457,6 +461,15 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
             return self._defer(out, ("mv", x, w, T))
         if T <= MATVEC_MAX_T and n_in % 8 == 0:
             self.k("rx_matvec_" + w.suffix, "pppii")(((n_out + 3) // 4, T, 1), 128, w.ptr, x.ptr, out.ptr, n_out, n_in)
+        elif self.f16_gemm and n_in % 8 == 0 and w.ggml_type not in (0, 30):
+            # tensor cores: weight dequantized into a reused f16 scratch, activations scaled per row
+            # into f16 (no overflow), f32 accumulation (kernels/matmul.cu rx_hgemm_nt)
+            wh = self.empty(w.shape, "f16")
+            self.k("rx_dequant_h_" + w.suffix, "ppll")(self._grid1(w.n_out * n_in), 256, w.ptr, wh.ptr, w.n_out, n_in)
+            xh, sc = self.empty((T, n_in), "f16"), self.empty((T,))
+            self.k("rx_x_to_half", "pppii")((T, 1, 1), 256, x.ptr, xh.ptr, sc.ptr, T, n_in)
+            self.k("rx_hgemm_nt", "ppppiii")(((n_out + 63) // 64, (T + 63) // 64, 1), 128,
+                                            xh.ptr, wh.ptr, sc.ptr, out.ptr, T, n_out, n_in)
         else:
             scratch = self.dequantize(w)
             self.k("rx_sgemm_nt", "pppiii")(((n_out + 63) // 64, (T + 63) // 64, 1), 256,
