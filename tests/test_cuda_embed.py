@@ -60,3 +60,30 @@ def test_gpu_embeddings_match_cpu(path):
     assert cos.min() >= 0.9999, cos
     # distinct inputs give distinct vectors (a constant output would pass the cosine check)
     assert np.max(np.abs(gpu[0] - gpu[1])) > 1e-3
+
+
+def test_tanh_kernel_matches_numpy():
+    """kernels/embed.cu rx_tanh vs numpy.tanh (the reference in numpy_embed.py), incl. saturation."""
+    from reflex.backends.cuda_backend import CudaBackend
+
+    b = CudaBackend()
+    x = np.concatenate([np.linspace(-30, 30, 4001), np.random.default_rng(0).standard_normal(999) * 3])
+    x = x.astype(np.float32).reshape(50, 100)                                  # (N, n_embd)
+    got = b.to_numpy(b.tanh(x))
+    assert got.shape == x.shape and np.abs(got - np.tanh(x)).max() <= 1e-6
+
+
+def test_gpu_packed_pairs_match_cpu():
+    """Several texts and (query, document) pairs packed into one CUDA forward under the
+    block-diagonal mask give the CPU backend's classifier-head outputs (the CPU side is checked
+    against transformers in test_classify.py)."""
+    from reflex.embed import head_scores
+    from reflex.engine import Engine
+
+    path = os.path.join(DATA, "bert_cls_tiny_lcpp.gguf")
+    ec, eg = Engine(path, backend="numpy"), Engine(path, backend="cuda")
+    inputs = SENTS + [(SENTS[0], SENTS[1]), (SENTS[2], SENTS[4])]
+    sc = head_scores(ec.model, ec.tokenizer, inputs)                           # (N, n_labels)
+    sg = head_scores(eg.model, eg.tokenizer, inputs)
+    print(f"packed max |dscore| {np.abs(sc - sg).max():.2e}")
+    assert sg.shape == sc.shape and np.abs(sc - sg).max() <= 1e-2
