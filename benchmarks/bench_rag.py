@@ -252,9 +252,8 @@ def ask(args):
         v = [r[st] for r in rows if isinstance(r.get(st), (int, float))]
         if not v:
             continue
-        unit = "tok/s" if st.endswith("tok_s") else "s"
-        print(f"  {st:<18} {np.percentile(v, 50):>9.3f}{unit[0]} {np.percentile(v, 95):>9.3f}{unit[0]}"
-              + ("  (tok/s)" if unit == "tok/s" else ""))
+        unit = " tok/s" if st.endswith("tok_s") else "s"
+        print(f"  {st:<18} {np.percentile(v, 50):>9.3f}{unit} {np.percentile(v, 95):>9.3f}{unit}")
     print(f"  {'wall (outside)':<18} {np.percentile(walls, 50):>9.3f}s {np.percentile(walls, 95):>9.3f}s")
 
 
