@@ -117,6 +117,14 @@ def test_matmul_f16_gemm(gb, tname, K, T, scale):
     K step (F16 72, Q8_0 96), activations far outside f16's range (3e5: the per-row power-of-two
     scale keeps them finite) or deep in its subnormals (1e-6). Relative error <= 1e-3."""
     from reflex.quants import dequantize
+    old, gb.f16_gemm = gb.f16_gemm, True   # opt-in path (REFLEX_CUDA_F16_GEMM=1)
+    try:
+        _f16_gemm_case(gb, tname, K, T, scale, dequantize)
+    finally:
+        gb.f16_gemm = old
+
+
+def _f16_gemm_case(gb, tname, K, T, scale, dequantize):
     t = TYPES[tname]
     rng = np.random.default_rng([13, t, T, K])
     n_out = 197

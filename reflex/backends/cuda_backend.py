@@ -187,8 +187,11 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
         self.ctx.memset0(self._state.ptr, 16)
         self._pos_cache = (None, None)
         self.fuse = os.environ.get("REFLEX_CUDA_FUSE", "1") != "0"
-        # prefill products on f16 tensor cores (rx_hgemm_nt); REFLEX_CUDA_F16_GEMM=0 keeps float32 tiles
-        self.f16_gemm = os.environ.get("REFLEX_CUDA_F16_GEMM", "1") != "0"
+        # prefill products on f16 tensor cores (rx_hgemm_nt) only when asked (REFLEX_CUDA_F16_GEMM=1):
+        # 2.7x faster prefill, but its ~1e-3 product error broke GPU parity of the small fixtures
+        # (gemma4moe, qwen35, granitehybrid, deepseek2, system1 scores) on the H200, so float32 tiles
+        # stay the default until those tolerances are understood
+        self.f16_gemm = os.environ.get("REFLEX_CUDA_F16_GEMM", "0") == "1"
         self._recent = []   # weakrefs to the latest pending buffers (siblings share one launch)
         self._kvq = []      # deferred kv_write calls (K and V share one launch)
         self._staged = []   # weights prepared but not yet copied (see _commit)
