@@ -266,6 +266,10 @@ def inproc(model, backend: str, prompt_tokens: int, gen_tokens: int, repeats: in
     pf = [time_prefill() for _ in range(max(1, repeats))]
     res["prefill"] = {"n_tokens": prompt_tokens, "first_s": first, "runs": len(pf),
                       "median_s": statistics.median(pf), "tok_s": prompt_tokens / statistics.median(pf)}
+    if cuda:   # which product path the prefill took (cuBLAS SGEMM, f16 tensor cores or rx_sgemm_nt)
+        res["prefill"]["gemm"] = ("f16-wmma" if b.f16_gemm else "cublas-sgemm" if b._blas_h
+                                  else "rx_sgemm_nt")
+        res["prefill"]["cublas_load_s"] = b.timings.get("cublas_load_s")
 
     def decode(use_graph=None):
         # gen_tokens tokens after a short prompt, EOS ignored; the first step apart (it captures

@@ -192,6 +192,7 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
         # (gemma4moe, qwen35, granitehybrid, deepseek2, system1 scores) on the H200, so float32 tiles
         # stay the default until those tolerances are understood
         self.f16_gemm = os.environ.get("REFLEX_CUDA_F16_GEMM", "0") == "1"
+        self._blas_h = None  # cuda_blas.Blas once loaded, False where unavailable
         self._recent = []   # weakrefs to the latest pending buffers (siblings share one launch)
         self._kvq = []      # deferred kv_write calls (K and V share one launch)
         self._staged = []   # weights prepared but not yet copied (see _commit)
@@ -474,10 +475,27 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
             self.k("rx_hgemm_nt", "ppppiii")(((n_out + 63) // 64, (T + 63) // 64, 1), 128,
                                             xh.ptr, wh.ptr, sc.ptr, out.ptr, T, n_out, n_in)
         else:
-            scratch = self.dequantize(w)
-            self.k("rx_sgemm_nt", "pppiii")(((n_out + 63) // 64, (T + 63) // 64, 1), 256,
-                                           x.ptr, scratch.ptr, out.ptr, T, n_out, n_in)
+            # float32 products: the weight dequantized into a float32 scratch (bit-exact, an F32
+            # weight is used in place), then cuBLAS SGEMM where the library is installed
+            # (cuda_blas.py: loaded on the first such product), else our tiled rx_sgemm_nt
+            scratch = w if w.ggml_type == 0 else self.dequantize(w)
+            blas = self._blas()
+            if blas is not None:
+                blas.gemm_nt(x.ptr, scratch.ptr, out.ptr, T, n_out, n_in)
+            else:
+                self.k("rx_sgemm_nt", "pppiii")(((n_out + 63) // 64, (T + 63) // 64, 1), 256,
+                                               x.ptr, scratch.ptr, out.ptr, T, n_out, n_in)
         return out
+
+    def _blas(self):
+        """cuBLAS for prefill products, loaded on first use (never on the short-prompt cold path)."""
+        if self._blas_h is None:
+            from reflex.backends import cuda_blas
+
+            self._blas_h = cuda_blas.get(self.ctx.stream) or False
+            if self._blas_h:
+                self.timings["cublas_load_s"] = self._blas_h.load_s
+        return self._blas_h or None
 
     def matmul2(self, x, w0, w1):
         """(x @ w0.T, x @ w1.T) for two weights of one shape and type (gate/up): one launch at decode."""
