@@ -172,6 +172,25 @@ class IngestLock:
         os.close(self.fd)
 
 
+def _prefetch(path: str, chunk: int = 8 << 20):
+    """Read a memory-mapped index file once, sequentially, on a daemon thread (the read releases
+    the GIL). With a cold page cache the first searches of a mapped HNSW otherwise fault its
+    vectors in one 4 KiB page at a time in random order (measured at 100k x 384: 37,500 major
+    faults, first queries 200-700 ms each); posix_fadvise(WILLNEED) made no difference here."""
+    import threading
+
+    def run():
+        try:
+            with open(path, "rb", buffering=0) as f:
+                buf = bytearray(chunk)
+                while f.readinto(buf):
+                    pass
+        except OSError:
+            pass   # only a prefetch: the search still works from the mapping
+
+    threading.Thread(target=run, name="reflex-index-prefetch", daemon=True).start()
+
+
 class Index:
     """A committed generation opened for reading (faiss index memory-mapped where FAISS allows)."""
 
@@ -228,6 +247,8 @@ class Index:
                     fi = None
             if fi is None:
                 fi = faiss.read_index(path)
+            else:
+                _prefetch(path)
         except BaseException:
             os.close(fd)
             raise
@@ -268,7 +289,16 @@ class Index:
         k = min(k, len(self))
         if k <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        D, I = self.faiss.search(np.ascontiguousarray(qvec.reshape(1, -1), dtype=np.float32), k)
+        import faiss
+
+        # one query: FAISS's OpenMP team only adds wake-up and contention (measured on 2 cores,
+        # flat 100k: 6 ms at 1 thread, 15 ms at 2); the caller's thread count is put back
+        nt = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
+        try:
+            D, I = self.faiss.search(np.ascontiguousarray(qvec.reshape(1, -1), dtype=np.float32), k)
+        finally:
+            faiss.omp_set_num_threads(nt)
         keep = I[0] >= 0
         return I[0][keep].astype(np.int64), D[0][keep]
 

@@ -254,3 +254,36 @@ def test_cli_errors_json(tmp_path):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 2 and b"no such file" in err
     assert not (tmp_path / "x" / "CURRENT").exists()
+
+
+def test_search_threads_restored_and_blas_setter_leaves_faiss_alone(corpus, tmp_path):
+    """A single-query search runs FAISS at 1 OpenMP thread and puts the caller's count back; and
+    reflex's BLAS-thread setter (called by every embed) must set NumPy's OpenBLAS, not faiss-cpu's
+    bundled OpenMP OpenBLAS, whose setter changes FAISS's OpenMP team (the cause of flat search
+    going 6 -> 40 ms after an embed). Checked against FAISS's own omp_get_max_threads."""
+    import faiss
+
+    from reflex.backends.numpy_backend import set_blas_threads
+
+    run([corpus], tmp_path)
+    faiss.omp_set_num_threads(2)
+    with ix.Index.open(tmp_path, "t") as index:
+        q = index.vectors(0, 1)[0]
+        ids, _ = index.search(q, 3)
+        assert ids[0] == 0
+    assert faiss.omp_get_max_threads() == 2
+    set_blas_threads(1)
+    assert faiss.omp_get_max_threads() == 2
+    set_blas_threads(os.cpu_count() or 1)
+
+
+def test_mapped_index_is_prefetched(corpus, tmp_path, monkeypatch):
+    """Opening a memory-mapped generation starts the sequential prefetch of index.faiss (cold-cache
+    HNSW searches otherwise fault pages in randomly); a read copy does not need it."""
+    seen = []
+    monkeypatch.setattr(ix, "_prefetch", lambda path: seen.append(path))
+    run([corpus], tmp_path)
+    ix.Index.open(tmp_path, "t").close()
+    assert len(seen) == 1 and seen[0].endswith("index.faiss")
+    ix.Index.open(tmp_path, "t", mmap=False).close()
+    assert len(seen) == 1
