@@ -11,6 +11,7 @@ with `reflex quantize` (reflex.commands.quantize._copy_metadata).
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 import types
@@ -56,7 +57,7 @@ def _pick_type(name: str, want: int, ncols: int, warn) -> int:
 def random_tensor(name: str, shape, seed: int) -> np.ndarray:
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(name.encode())])
     x = rng.standard_normal(tuple(shape), dtype=np.float32) * np.float32(STD)
-    if len(shape) == 1 and "norm" in name:
+    if len(shape) == 1 and "norm" in name and not name.endswith(".bias"):  # LayerNorm biases stay ~0
         x += np.float32(1.0)
     return x
 
@@ -144,6 +145,18 @@ def _qwen3_q4_k_m_type(n_layer):
     return f
 
 
+def _qwen3moe_q4_k_m_type(n_layer):
+    # llama.cpp's Q4_K_M on an untied MoE: output Q6_K, token_embd Q4_K, the router ffn_gate_inp F32
+    # (llama-quantize never quantizes it); ffn_down_exps follows ffn_down's Q6_K rule
+    dense = _qwen3_q4_k_m_type(n_layer)
+
+    def f(i, t):
+        if t in ("token_embd", "output", "ffn_gate_inp"):
+            return {"token_embd": "Q4_K", "output": "Q6_K", "ffn_gate_inp": "F32"}[t]
+        return dense(i, t[:-len("_exps")] if t.endswith("_exps") else t)
+    return f
+
+
 PRESETS = {
     # SmolLM2-135M (llama): 30 layers, Q4_1 with a Q8_0 embedding, tied output
     "smollm2-135m": dict(arch="llama", hp=dict(embedding_length=576, block_count=30, feed_forward_length=1536,
@@ -167,21 +180,52 @@ PRESETS = {
                            "attention.layer_norm_rms_epsilon": 1e-6, "attention.key_length": 256,
                            "attention.value_length": 256, "attention.sliding_window": 512},
                         context_length=32768), types=_gemma3_type),
+    # Qwen3-30B-A3B (qwen3moe) per layer: n_embd 2048, 32 q heads / 4 kv heads of 128, 128 experts of 768,
+    # top-8 renormalized (norm_topk_prob; llama.cpp always renormalizes qwen3moe, so the converter writes
+    # no expert_weights_norm key), untied output. 4 of the real 48 layers (~623M params each): ~1.6 GB
+    # in the Q4_K_M-like mix with a 49,152-token vocab
+    "qwen3moe-30b-a3b-small": dict(arch="qwen3moe", hp=dict(
+        embedding_length=2048, block_count=4, feed_forward_length=6144, expert_feed_forward_length=768,
+        expert_count=128, expert_used_count=8,
+        **{"attention.head_count": 32, "attention.head_count_kv": 4, "rope.freq_base": 1000000.0,
+           "attention.layer_norm_rms_epsilon": 1e-6, "attention.key_length": 128, "attention.value_length": 128},
+        context_length=40960), types=_qwen3moe_q4_k_m_type(4)),
+    # all-MiniLM-L6-v2 (bert) as `reflex convert` writes it: F32, position_embd / token_types kept F32
+    # under a forced type (as convert.tensor_type), MEAN pooling, 2 token types (from the vocab file)
+    "minilm-l6": dict(arch="bert", hp=dict(embedding_length=384, block_count=6, feed_forward_length=1536,
+                      **{"attention.head_count": 12, "attention.layer_norm_epsilon": 1e-12,
+                         "attention.causal": False, "pooling_type": 1}, context_length=512),
+                      types=lambda i, t: "F32"),
 }
 
 
-def preset_tensors(arch: str, hp: dict, n_vocab: int, types) -> list:
-    """[(name, shape in numpy order, type name)] of a decoder with these hyperparameters."""
+# 2-D tensors a forced --type leaves F32: the MoE router (llama-quantize never quantizes it) and
+# BERT's position / token-type tables (reflex.convert.tensor_type keeps them F32)
+KEEP_F32 = ("ffn_gate_inp.weight", "position_embd.weight", "token_types.weight")
+
+
+def preset_tensors(arch: str, hp: dict, n_vocab: int, types, n_token_types: int = 2) -> list:
+    """[(name, shape in numpy order, type name)] of a model with these hyperparameters.
+    Tensors named in KEEP_F32 stay F32 even under a forced type."""
+    if arch == "bert":
+        return _bert_tensors(hp, n_vocab, types, n_token_types)
     E, F, L = hp["embedding_length"], hp["feed_forward_length"], hp["block_count"]
     H, Hkv = hp["attention.head_count"], hp["attention.head_count_kv"]
     d = hp.get("attention.key_length", E // H)
     out = [("token_embd.weight", (n_vocab, E), types(-1, "token_embd"))]
+    if arch == "qwen3moe":  # untied, as the real family
+        out.append(("output.weight", (n_vocab, E), types(-1, "output")))
     for i in range(L):
         p = f"blk.{i}."
         ts = [("attn_norm", (E,)), ("attn_q", (H * d, E)), ("attn_k", (Hkv * d, E)), ("attn_v", (Hkv * d, E)),
-              ("attn_output", (E, H * d)), ("ffn_norm", (E,)), ("ffn_gate", (F, E)), ("ffn_up", (F, E)),
-              ("ffn_down", (E, F))]
-        if arch in ("qwen3", "gemma3"):
+              ("attn_output", (E, H * d)), ("ffn_norm", (E,))]
+        if arch == "qwen3moe":
+            X, Fe = hp["expert_count"], hp["expert_feed_forward_length"]
+            ts += [("ffn_gate_inp", (X, E)), ("ffn_gate_exps", (X, Fe, E)), ("ffn_up_exps", (X, Fe, E)),
+                   ("ffn_down_exps", (X, E, Fe))]  # (n_expert, n_out, n_in)
+        else:
+            ts += [("ffn_gate", (F, E)), ("ffn_up", (F, E)), ("ffn_down", (E, F))]
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             ts += [("attn_q_norm", (d,)), ("attn_k_norm", (d,))]
         if arch == "gemma3":
             ts += [("post_attention_norm", (E,)), ("post_ffw_norm", (E,))]
@@ -194,11 +238,38 @@ def preset_tensors(arch: str, hp: dict, n_vocab: int, types) -> list:
     return out
 
 
+def _bert_tensors(hp, n_vocab, types, n_tt) -> list:
+    # the names reflex.convert.gguf_name gives a BertModel (no pooler: sentence-transformers drops it)
+    E, F, L = hp["embedding_length"], hp["feed_forward_length"], hp["block_count"]
+    n_ctx = hp["context_length"]
+    out = [("token_embd_norm.bias", (E,), "F32"), ("token_embd_norm.weight", (E,), "F32"),
+           ("position_embd.weight", (n_ctx, E), "F32"), ("token_types.weight", (n_tt, E), "F32"),
+           ("token_embd.weight", (n_vocab, E), types(-1, "token_embd"))]
+    for i in range(L):
+        p = f"blk.{i}."
+        for t, shape in (("attn_q", (E, E)), ("attn_k", (E, E)), ("attn_v", (E, E)), ("attn_output", (E, E)),
+                         ("ffn_up", (F, E)), ("ffn_down", (E, F))):
+            out += [(p + t + ".weight", shape, types(i, t)), (p + t + ".bias", shape[:1], "F32")]
+        for t in ("attn_output_norm", "layer_output_norm"):
+            out += [(p + t + ".weight", (E,), "F32"), (p + t + ".bias", (E,), "F32")]
+    return out
+
+
+def _make_tensor(job) -> np.ndarray:
+    """(name, shape, type name, seed) -> the tensor's bytes as rows (process-pool worker)."""
+    name, shape, tname, seed = job
+    x = random_tensor(name, shape, seed)
+    return quantize(x, type_by_name(tname)).reshape(*shape[:-1], -1)
+
+
 def synthesize_preset(vocab_path, out_path, preset: str, seed: int = 0, layers: int | None = None,
-                      type_name: str | None = None, overrides: dict | None = None, log=None) -> dict:
+                      type_name: str | None = None, overrides: dict | None = None, log=None,
+                      workers: int | None = None) -> dict:
     """Write a random-weight model of a PRESETS shape; metadata and tokenizer from VOCAB_PATH (any
     GGUF, e.g. one written with --vocab-only). `overrides` replace hyperparameters (tiny test
-    models); `type_name` forces one type for every 2-D weight."""
+    models); `type_name` forces one type for every 2-D weight the preset does not keep F32.
+    `workers`: processes generating + quantizing tensors (default: one per CPU for models over 200M
+    parameters, else 1); the bytes don't depend on it (each tensor is seeded by its name)."""
     import gguf
     from reflex.commands.quantize import _copy_metadata
     from reflex.gguf import GGUFFile
@@ -217,6 +288,7 @@ def synthesize_preset(vocab_path, out_path, preset: str, seed: int = 0, layers: 
         if toks is None:
             raise ValueError(f"{vocab_path} has no tokenizer.ggml.tokens")
         n_vocab = len(toks)
+        n_tt = int(src.get("tokenizer.ggml.token_type_count", 2))
         meta = {k: v for k, v in src.metadata.items() if not k.startswith(src.arch + ".")}
         mtypes = dict(src.metadata_types)
         meta["general.architecture"] = arch
@@ -225,24 +297,41 @@ def synthesize_preset(vocab_path, out_path, preset: str, seed: int = 0, layers: 
         meta[f"{arch}.vocab_size"] = n_vocab
         for k, v in list(meta.items()):
             if k.startswith(arch + ".") and k not in mtypes:
-                mtypes[k] = 6 if isinstance(v, float) else 4  # GGUFValueType FLOAT32 / UINT32
+                # GGUFValueType BOOL / FLOAT32 / UINT32
+                mtypes[k] = 7 if isinstance(v, bool) else 6 if isinstance(v, float) else 4
         view = types.SimpleNamespace(metadata=meta, metadata_types=mtypes)
         writer = gguf.GGUFWriter(str(out_path), arch)
         _copy_metadata(view, writer, gguf)
     counts: dict[str, int] = {}
-    forced = type_name
-    for name, shape, tname in preset_tensors(arch, hp, n_vocab, pr["types"]):
-        x = random_tensor(name, shape, seed)
-        if len(shape) > 1 and forced:
-            tname = forced
-        t = type_by_name(tname)
-        raw = quantize(x, t).reshape(*shape[:-1], -1)
-        writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType(t))
-        counts[tname] = counts.get(tname, 0) + 1
-        if log:
-            log(f"{name}: {tname} {shape}")
+    jobs = []
+    for name, shape, tname in preset_tensors(arch, hp, n_vocab, pr["types"], n_tt):
+        if len(shape) > 1 and type_name and not name.endswith(KEEP_F32):
+            tname = type_name
+        jobs.append((name, tuple(shape), tname, seed))
+    n_params = sum(int(np.prod(j[1])) for j in jobs)
+    if workers is None:
+        workers = (os.cpu_count() or 1) if n_params > 200_000_000 else 1
+    workers = max(1, min(int(workers), len(jobs)))
+    pool = None
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(max_workers=workers)
+        made = pool.map(_make_tensor, jobs)  # in order; the writer keeps every tensor until it writes
+    else:
+        made = map(_make_tensor, jobs)
+    try:
+        for (name, shape, tname, _), raw in zip(jobs, made):
+            writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType(type_by_name(tname)))
+            counts[tname] = counts.get(tname, 0) + 1
+            if log:
+                log(f"{name}: {tname} {shape}")
+    finally:
+        if pool is not None:
+            pool.shutdown()
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"tensors": counts, "fallbacks": 0, "block_count": hp["block_count"], "arch": arch}
+    return {"tensors": counts, "fallbacks": 0, "block_count": hp["block_count"], "arch": arch,
+            "n_params": n_params, "workers": workers}

@@ -17,8 +17,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--layers", type=int, default=None, help="keep only blk.0..N-1")
     parser.add_argument("--vocab-only", action="store_true", help="metadata only, no tensors")
     parser.add_argument("--preset", default=None,
-                        help="shapes of a known model (smollm2-135m, qwen3-0.6b, gemma3-270m) instead of "
-                             "INPUT's tensors; INPUT then only gives metadata and tokenizer (a vocab-only file)")
+                        help="shapes of a known model (smollm2-135m, qwen3-0.6b, qwen2-0.5b, gemma3-270m, "
+                             "qwen3moe-30b-a3b-small, minilm-l6) instead of INPUT's tensors; INPUT then only "
+                             "gives metadata and tokenizer (a vocab-only file)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="--preset: processes making tensors (default: one per CPU above 200M params)")
 
 
 def run(args) -> int:
@@ -31,6 +34,8 @@ def run(args) -> int:
             raise InvalidRequest(str(e))
     if args.layers is not None and args.layers < 1:
         raise InvalidRequest("--layers must be >= 1")
+    if args.workers is not None and args.workers < 1:
+        raise InvalidRequest("--workers must be >= 1")
     t0 = time.perf_counter()
     if args.preset:
         from reflex.synth import PRESETS, synthesize_preset
@@ -38,7 +43,7 @@ def run(args) -> int:
         if args.preset not in PRESETS:
             raise InvalidRequest(f"unknown preset {args.preset!r}; known: {', '.join(PRESETS)}")
         res = synthesize_preset(args.input, args.output, args.preset, seed=args.seed, layers=args.layers,
-                                type_name=args.type)
+                                type_name=args.type, workers=args.workers)
     else:
         res = synthesize(args.input, args.output, type_name=args.type, seed=args.seed, layers=args.layers,
                          vocab_only=args.vocab_only)
