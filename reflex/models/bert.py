@@ -121,18 +121,28 @@ def block_diagonal_mask(seq_lens, causal: bool = False) -> np.ndarray:
     return m
 
 
+def _gemm_layout(w: _Weights, name: str, shape: tuple):
+    """A matmul weight (n_out, n_in). On NumPy it is kept column-major, so the backend's
+    `x @ w.T` reads a C-contiguous (n_in, n_out) matrix: OpenBLAS's no-transpose path, measured
+    2-2.7x faster at T=12 on one thread (384x1536: 271 vs 732 us); same values, same op."""
+    a = w.get(name, shape)
+    if getattr(w.b, "name", "") == "numpy" and isinstance(a, np.ndarray) and a.ndim == 2:
+        a = np.asfortranarray(a)
+    return a
+
+
 class Attention:
     def __init__(self, w: _Weights, hp: HParams, i: int):
         p = f"blk.{i}."
         E = hp.n_embd
         self.hp = hp
-        self.wq = w.get(p + "attn_q.weight", (E, E))       # (n_head*head_dim, n_embd)
+        self.wq = _gemm_layout(w, p + "attn_q.weight", (E, E))       # (n_head*head_dim, n_embd)
         self.bq = w.get(p + "attn_q.bias", (E,))
-        self.wk = w.get(p + "attn_k.weight", (E, E))
+        self.wk = _gemm_layout(w, p + "attn_k.weight", (E, E))
         self.bk = w.get(p + "attn_k.bias", (E,))
-        self.wv = w.get(p + "attn_v.weight", (E, E))
+        self.wv = _gemm_layout(w, p + "attn_v.weight", (E, E))
         self.bv = w.get(p + "attn_v.bias", (E,))
-        self.wo = w.get(p + "attn_output.weight", (E, E))
+        self.wo = _gemm_layout(w, p + "attn_output.weight", (E, E))
         self.bo = w.get(p + "attn_output.bias", (E,))
         self.scale = 1.0 / math.sqrt(hp.head_dim)
 
@@ -166,9 +176,9 @@ class FFN:
 
     def __init__(self, w: _Weights, hp: HParams, i: int):
         p = f"blk.{i}."
-        self.w_up = w.get(p + "ffn_up.weight", (hp.n_ff, hp.n_embd))      # (n_ff, n_embd)
+        self.w_up = _gemm_layout(w, p + "ffn_up.weight", (hp.n_ff, hp.n_embd))      # (n_ff, n_embd)
         self.b_up = w.get(p + "ffn_up.bias", (hp.n_ff,))
-        self.w_down = w.get(p + "ffn_down.weight", (hp.n_embd, hp.n_ff))  # (n_embd, n_ff)
+        self.w_down = _gemm_layout(w, p + "ffn_down.weight", (hp.n_embd, hp.n_ff))  # (n_embd, n_ff)
         self.b_down = w.get(p + "ffn_down.bias", (hp.n_embd,))
 
     def __call__(self, b: Backend, x):
