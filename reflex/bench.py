@@ -2,8 +2,9 @@
 
 Per model (every number is measured, none is estimated):
 - cold: N fresh `python -m reflex generate -m MODEL PROMPT -n 1 --temperature 0 --backend B`
-  processes, timed from spawn to exit here, outside the process (like `llama-simple -n 1`);
-  median/min/max; the page cache is warmed by one untimed run first. With drop_caches, once more
+  processes, timed here, outside the process (like `llama-simple -n 1`): spawn to the first byte
+  of the generated token on its stdout (`first_token`, what a caller waits for) and spawn to exit
+  (`median_s`...: the process lifetime, incl. CUDA teardown); median/min/max; the page cache is warmed by one untimed run first. With drop_caches, once more
   after `sync; echo 3 > /proc/sys/vm/drop_caches` (needs root; otherwise reported as skipped with
   the reason). A probe process doing the same steps prints the stage stamps inside the process
   (PROBE below); stamps are seconds since the spawn, on CLOCK_MONOTONIC, which perf_counter reads
@@ -13,7 +14,8 @@ Per model (every number is measured, none is estimated):
   tokens ignoring EOS (on CUDA through the CUDA-graph decoder, capture cost reported apart, and
   eagerly), peak memory, energy per request (prefill + decode) from NVML's total-energy counter
   minus the idle draw measured for 1 s before (ctypes on libnvidia-ml.so.1; unavailable without).
-- with llama_cpp=DIR (a llama.cpp build): llama-simple -n 1 cold runs (same N, median) and
+- with llama_cpp=DIR (a llama.cpp build): llama-simple -n 1 cold runs (same N, median; first
+  token and exit timed the same way) and
   llama-bench pp/tg on the same file, and the ratios reflex / llama.cpp.
 """
 from __future__ import annotations
@@ -94,6 +96,34 @@ def _run_timed(cmd, env):
     return time.perf_counter() - t0, r
 
 
+def _run_first_byte(cmd, env=None):
+    """Spawn cmd; (seconds to its first stdout byte, seconds to exit, returncode, stderr tail).
+
+    Both engines stream the generated text and flush it (reflex generate after each piece,
+    llama-simple after each sampled token; its prompt echo sits unflushed in the same buffer), so
+    the first byte on the pipe is the first token as a caller sees it. stderr goes to a temporary
+    file: llama.cpp logs tens of KB there, which must not block on a full pipe."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        env = dict(env if env is not None else os.environ, REFLEX_BENCH_T0=repr(t0))
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
+        first = None
+        while True:
+            chunk = os.read(p.stdout.fileno(), 65536)
+            if chunk and first is None:
+                first = time.perf_counter() - t0
+            if not chunk:
+                break
+        rc = p.wait()
+        dt = time.perf_counter() - t0
+        p.stdout.close()
+        err.seek(0)
+        tail = err.read().decode(errors="replace")[-1500:]
+    return (first if first is not None else dt), dt, rc, tail
+
+
 def _fail(what, r):
     from reflex.errors import ReflexError
 
@@ -136,14 +166,21 @@ def cold(model, backend: str, runs: int, drop_caches: bool = False, probe_varian
     cmd = [sys.executable, "-m", "reflex", "generate", "-m", str(model), PROMPT, "-n", "1",
            "--temperature", "0", "--backend", backend]
 
+    firsts = []
+
     def once():
-        dt, r = _run_timed(cmd, env)
-        if r.returncode != 0:
-            raise _fail("`reflex generate`", r)
+        first, dt, rc, err = _run_first_byte(cmd, env)
+        if rc != 0:
+            from reflex.errors import ReflexError
+            raise ReflexError(f"`reflex generate` failed (exit {rc}): {err.strip()}")
+        firsts.append(first)
         return dt
 
     once()  # page cache warm, untimed
+    firsts.clear()
+    # median_s/min_s/max_s: spawn -> exit; first_token: spawn -> the token's first byte on stdout
     res = {"command": " ".join(cmd[1:]), "runs": runs, **_summary([once() for _ in range(runs)])}
+    res["first_token"] = _summary(firsts)
     res["python_noop_s"] = _run_timed([sys.executable, "-c", "pass"], env)[0]
     r = subprocess.run([sys.executable, "-c", "import time; t = time.perf_counter(); import numpy; "
                         "print(time.perf_counter() - t)"], capture_output=True, text=True, env=env)
@@ -163,7 +200,7 @@ def cold(model, backend: str, runs: int, drop_caches: bool = False, probe_varian
                                       "last": {k: v for k, v in vs[-1].items() if k != "tokens"}}
     if drop_caches:
         why = _drop_caches()
-        res["dropped_caches"] = {"s": once()} if why is None else {"skipped": why}
+        res["dropped_caches"] = {"s": once(), "first_token_s": firsts[-1]} if why is None else {"skipped": why}
     return res
 
 
@@ -361,18 +398,17 @@ def llama_cpp(dirpath, model, backend: str, runs: int, prompt_tokens: int, gen_t
     res = {"dir": str(dirpath), "ngl": int(ngl)}
     simple = os.path.join(dirpath, "llama-simple")
     if os.path.isfile(simple):
-        ts = []
+        ts, firsts = [], []
         for i in range(runs + 1):  # the first run warms the page cache, untimed
-            t0 = time.perf_counter()
-            r = subprocess.run([simple, "-m", str(model), "-n", "1", "-ngl", ngl, PROMPT], capture_output=True,
-                               text=True)
-            if r.returncode != 0:
-                res["llama_simple_error"] = r.stderr[-1000:]
+            first, dt, rc, err = _run_first_byte([simple, "-m", str(model), "-n", "1", "-ngl", ngl, PROMPT])
+            if rc != 0:
+                res["llama_simple_error"] = err[-1000:]
                 break
             if i:
-                ts.append(time.perf_counter() - t0)
+                ts.append(dt)
+                firsts.append(first)
         if ts:
-            res["llama_simple"] = {"runs": len(ts), **_summary(ts)}
+            res["llama_simple"] = {"runs": len(ts), **_summary(ts), "first_token": _summary(firsts)}
     else:
         res["llama_simple_error"] = f"{simple} not found"
     bench = os.path.join(dirpath, "llama-bench")
@@ -398,6 +434,9 @@ def ratios(r: dict) -> dict:
     cold_med = r.get("cold", {}).get("median_s")
     if cold_med and "llama_simple" in lc:
         out["cold_speedup"] = lc["llama_simple"]["median_s"] / cold_med
+        ft, lft = r["cold"].get("first_token", {}).get("median_s"), lc["llama_simple"].get("first_token", {})
+        if ft and lft.get("median_s"):
+            out["first_token_speedup"] = lft["median_s"] / ft
     if "pp_tok_s" in lc:
         out["prefill"] = r["prefill"]["tok_s"] / lc["pp_tok_s"]
     if "tg_tok_s" in lc:
@@ -488,21 +527,25 @@ def table(res: dict) -> str:
 
     lines = [f"backend {res['backend']}, {res['runs']} cold runs, prefill {res['prompt_tokens']} tok, "
              f"decode {res['gen_tokens']} tok",
-             f"{'model':36s} {'cold med s':>10s} {'prefill t/s':>12s} {'decode t/s':>11s} {'eager t/s':>10s} "
+             f"{'model':36s} {'ttft med s':>10s} {'cold med s':>10s} {'prefill t/s':>12s} {'decode t/s':>11s} {'eager t/s':>10s} "
              f"{'capture ms':>10s} {'peak MiB':>9s} {'J/req':>7s}"]
     for r in res["models"]:
         mem = r["memory"]
         peak = mem.get("peak_allocated_bytes") or mem.get("peak_rss_bytes")
         cap = r["decode"].get("graph_capture_s")
         en = r["energy"].get("j_per_request_above_idle")
-        lines.append(f"{os.path.basename(r['model'])[:36]:36s} {f(r['cold'].get('median_s'), '10.3f')} "
+        lines.append(f"{os.path.basename(r['model'])[:36]:36s} "
+                     f"{f(r['cold'].get('first_token', {}).get('median_s'), '10.3f')} "
+                     f"{f(r['cold'].get('median_s'), '10.3f')} "
                      f"{r['prefill']['tok_s']:12.1f} {r['decode']['tok_s']:11.1f} "
                      f"{f(r.get('decode_eager', {}).get('tok_s'), '10.1f')} "
                      f"{f(None if cap is None else 1e3 * cap, '10.1f')} {f(peak and peak / 2**20, '9.1f')} "
                      f"{f(en, '7.3f')}")
         if "ratios" in r:
             lc = r["llama_cpp"]
-            lines.append(f"  llama.cpp: cold {f(lc.get('llama_simple', {}).get('median_s'), '.3f')} s, "
+            ls = lc.get("llama_simple", {})
+            lines.append(f"  llama.cpp: ttft {f(ls.get('first_token', {}).get('median_s'), '.3f')} s, "
+                         f"cold {f(ls.get('median_s'), '.3f')} s, "
                          f"pp {f(lc.get('pp_tok_s'), '.1f')} tok/s, tg {f(lc.get('tg_tok_s'), '.1f')} tok/s | "
                          "reflex/llama.cpp: " + ", ".join(f"{k} {v:.2f}x" for k, v in r["ratios"].items()))
         if "stages" in r["cold"]:

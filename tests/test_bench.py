@@ -36,7 +36,8 @@ a = sys.argv[1:]
 if a[a.index("-m") + 1] != {model!r} or a[a.index("-n") + 1] != "1":
     sys.exit("unexpected arguments")
 time.sleep(0.05)
-print("Hello my name is X")
+print("Hello my name is X", flush=True)
+time.sleep(0.1)   # teardown after the token: first_token must be timed apart from exit
 """
 
 
@@ -73,6 +74,8 @@ def test_report_fields(report):
     c = m["cold"]
     assert c["runs"] == 2 and len(c["all_s"]) == 2
     assert c["min_s"] <= c["median_s"] <= c["max_s"] and all(_pos(t) for t in c["all_s"])
+    ft = c["first_token"]   # spawn -> first stdout byte, before the process has exited
+    assert all(_pos(t) for t in ft["all_s"]) and all(a <= b for a, b in zip(ft["all_s"], c["all_s"]))
     assert _pos(c["python_noop_s"]) and _pos(c["import_numpy_alone_s"])
     # dropping caches either happened (a timed run) or says why not
     dc = c["dropped_caches"]
@@ -104,19 +107,23 @@ def test_llama_cpp_ratios(report):
     m = report["models"][0]
     lc = m["llama_cpp"]
     assert lc["ngl"] == 0 and lc["pp_tok_s"] == 2000.0 and lc["tg_tok_s"] == 50.0
-    assert lc["llama_simple"]["runs"] == 2 and lc["llama_simple"]["median_s"] >= 0.05
+    assert lc["llama_simple"]["runs"] == 2 and lc["llama_simple"]["median_s"] >= 0.15
+    ft = lc["llama_simple"]["first_token"]
+    assert 0.05 <= ft["median_s"] <= lc["llama_simple"]["median_s"] - 0.09
     r = m["ratios"]
     assert r["prefill"] == pytest.approx(m["prefill"]["tok_s"] / 2000.0)
     assert r["decode"] == pytest.approx(m["decode"]["tok_s"] / 50.0)
     assert r["cold_speedup"] == pytest.approx(lc["llama_simple"]["median_s"] / m["cold"]["median_s"])
+    assert r["first_token_speedup"] == pytest.approx(lc["llama_simple"]["first_token"]["median_s"]
+                                                     / m["cold"]["first_token"]["median_s"])
 
 
 def test_table_output():
     r = _cli(FIX, "--no-cold", "--runs", 1, "--prompt-tokens", 16, "--gen-tokens", 2)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[1].split()[:3] == ["model", "cold", "med"] and lines[2].startswith("qwen3.gguf")
-    assert lines[2].split()[1] == "-"  # no cold numbers with --no-cold
+    assert lines[1].split()[:6] == ["model", "ttft", "med", "s", "cold", "med"] and lines[2].startswith("qwen3.gguf")
+    assert lines[2].split()[1:3] == ["-", "-"]  # no cold numbers with --no-cold
 
 
 @pytest.mark.parametrize("args,category,code", [
