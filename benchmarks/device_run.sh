@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One device call: build the kernels, run every GPU test, make the benchmark models, benchmark.
-# Usage (device): bash benchmarks/device_run.sh [tests|bench|all]   logs go to $OUT (or /tmp/out)
+# Usage (device): bash benchmarks/device_run.sh [tests|bench|all|models]   logs go to $OUT (or /tmp/out)
+# models: benchmarks/device_models.sh .devdata /tmp/models (synthetic smollm2/qwen3/qwen3moe/minilm, then
+# reflex bench on the MoE model and bench_embed.py on the MiniLM; LLAMA_CPP=<build>/bin adds llama.cpp);
+# needs .devdata/minilm-vocab.gguf too
 # Needs .whl/gguf-*.whl (the writer for synthetic models) and .devdata/smollm2-vocab.gguf
 # (`reflex synth SmolLM2.gguf .devdata/smollm2-vocab.gguf --vocab-only`) carried along.
 set -u
@@ -32,6 +35,9 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   python3 -c "import json, sys; from reflex.bench import table; print(table(json.load(open(sys.argv[1]))))" \
     $OUT/bench.json 2>&1 | tee $OUT/bench_table.txt
   tail -5 $OUT/bench_log.txt
+fi
+if [ "$WHAT" = models ]; then
+  bash benchmarks/device_models.sh .devdata /tmp/models all
 fi
 if [ "$WHAT" = profile ] || [ "${PROFILE:-}" = 1 ]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
