@@ -12,6 +12,13 @@
 //   n2 of w2 (n2 = 0 for a pair). grid (ceil((n0 + n1 + n2) / 4), T).
 // rx_matvec_glu_<type>(wg, wu, x, y, n_out, n_in, op): y = act(Wg x) * (Wu x), act = silu (op 0) or
 //   gelu_tanh (op 1): gate, up and the SwiGLU/GeGLU in one launch; each warp does both rows r.
+// rx_matvec3n_<type>(w0, w1, w2, a, b, nw, eps, s, y0, y1, y2, n0, n1, n2, n_in) and
+// rx_matvec_glun_<type>(wg, wu, a, b, nw, eps, s, y, n_out, n_in, op): rx_matvec3 / rx_matvec_glu of
+//   x = rms_norm(a + b) * nw (b, nw may be null) -- the residual add and the pre-norm folded into
+//   the product that reads them, so they cost no launch of their own. Every block rebuilds its row
+//   t of x in dynamic shared memory (n_in floats: shmem = 4 n_in bytes, host caps n_in at 8192; a few KB
+//   of L2 reads per block against the ~3 us launch they replace); blocks with blockIdx.x == 0
+//   also write s = a + b (the new residual stream) when s is given. Same grids as the plain forms.
 #include "quant.cuh"
 
 // dot8<T>(blk, j, x): sum over the 8 elements j..j+7 (j % 8 == 0) of one block times x[0..8).
@@ -197,6 +204,63 @@ __device__ void matvec_glu_impl(const uint8_t* wg, const uint8_t* wu, const floa
     if ((threadIdx.x & 31) == 0) y[(long)t * n_out + r] = rx_glu_act(g, op) * u;
 }
 
+extern __shared__ float4 rx_mvn_smem[];
+
+// xs[0..n_in) = rms_norm(a[t] + b[t]) * nw for t = blockIdx.y (the rx_add_rms_norm arithmetic);
+// every thread of the block must call it (it synchronizes)
+__device__ __forceinline__ void rx_norm_row(const float* a, const float* b, const float* nw, float eps,
+                                            float* s, int n_in, float* xs) {
+    __shared__ float red[32];
+    long o = (long)blockIdx.y * n_in;
+    bool ws = s && blockIdx.x == 0;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n_in; i += blockDim.x) {
+        float v = b ? a[o + i] + b[o + i] : a[o + i];
+        xs[i] = v;
+        if (ws) s[o + i] = v;
+        ss += v * v;
+    }
+    ss = rx_block_sum(ss, red);
+    float inv = 1.0f / sqrtf(ss / n_in + eps);
+    for (int i = threadIdx.x; i < n_in; i += blockDim.x) {
+        float v = xs[i] * inv;
+        xs[i] = nw ? v * nw[i] : v;
+    }
+    __syncthreads();
+}
+
+template <int T>
+__device__ void matvec3n_impl(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const float* a,
+                              const float* b, const float* nw, float eps, float* s, float* y0, float* y1,
+                              float* y2, int n0, int n1, int n2, int n_in) {
+    float* xs = reinterpret_cast<float*>(rx_mvn_smem);
+    rx_norm_row(a, b, nw, eps, s, n_in, xs);
+    int r = blockIdx.x * 4 + (threadIdx.x >> 5);
+    long row_bytes = (long)n_in / Q<T>::QK * Q<T>::TS;
+    const uint8_t* w;
+    float* y;
+    int n_out;
+    if (r < n0) { w = w0; y = y0; n_out = n0; }
+    else if (r < n0 + n1) { r -= n0; w = w1; y = y1; n_out = n1; }
+    else if (r < n0 + n1 + n2) { r -= n0 + n1; w = w2; y = y2; n_out = n2; }
+    else return;
+    float acc = dot_row<T>(w + r * row_bytes, xs, n_in);
+    if ((threadIdx.x & 31) == 0) y[(long)blockIdx.y * n_out + r] = acc;
+}
+
+template <int T>
+__device__ void matvec_glun_impl(const uint8_t* wg, const uint8_t* wu, const float* a, const float* b,
+                                 const float* nw, float eps, float* s, float* y, int n_out, int n_in, int op) {
+    float* xs = reinterpret_cast<float*>(rx_mvn_smem);
+    rx_norm_row(a, b, nw, eps, s, n_in, xs);
+    int r = blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    long row_bytes = (long)n_in / Q<T>::QK * Q<T>::TS;
+    float g = dot_row<T>(wg + r * row_bytes, xs, n_in);
+    float u = dot_row<T>(wu + r * row_bytes, xs, n_in);
+    if ((threadIdx.x & 31) == 0) y[(long)blockIdx.y * n_out + r] = rx_glu_act(g, op) * u;
+}
+
 #define RX_MV(T, name)                                                                          \
     RX_EXTERN void __launch_bounds__(128) rx_matvec_##name(const uint8_t* w, const float* x,   \
                                                           float* y, int n_out, int n_in) {     \
@@ -211,5 +275,16 @@ __device__ void matvec_glu_impl(const uint8_t* wg, const uint8_t* wu, const floa
                                                               const float* x, float* y, int n_out, \
                                                               int n_in, int op) {               \
         matvec_glu_impl<T>(wg, wu, x, y, n_out, n_in, op);                                      \
+    }                                                                                           \
+    RX_EXTERN void __launch_bounds__(128) rx_matvec3n_##name(                                   \
+        const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const float* a, const float* b, \
+        const float* nw, float eps, float* s, float* y0, float* y1, float* y2, int n0, int n1,  \
+        int n2, int n_in) {                                                                     \
+        matvec3n_impl<T>(w0, w1, w2, a, b, nw, eps, s, y0, y1, y2, n0, n1, n2, n_in);           \
+    }                                                                                           \
+    RX_EXTERN void __launch_bounds__(128) rx_matvec_glun_##name(                                \
+        const uint8_t* wg, const uint8_t* wu, const float* a, const float* b, const float* nw,  \
+        float eps, float* s, float* y, int n_out, int n_in, int op) {                           \
+        matvec_glun_impl<T>(wg, wu, a, b, nw, eps, s, y, n_out, n_in, op);                      \
     }
 RX_FOR_EACH_TYPE(RX_MV)

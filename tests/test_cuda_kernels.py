@@ -316,3 +316,121 @@ def test_attention_over_float32_kv(gb, nb):
     got = gb.to_numpy(gb.attention(gb.upload(q), gb.upload(k), gb.upload(v), 0, 0.2, causal=False))
     k16, v16 = (a.astype(np.float16).astype(np.float32) for a in (k, v))
     assert rel(got, nb.attention(q, k16, v16, 0, 0.2, causal=False)) <= 1e-4
+
+
+@pytest.mark.parametrize("fuse", [1, 2])
+@pytest.mark.parametrize("T,d,qtype", [(1, 128, 12), (3, 64, 12), (1, 64, 3), (8, 128, 14)])
+def test_decode_layer_fusions_match_numpy(gb, nb, fuse, T, d, qtype):
+    """One qwen3-pattern decode layer through the ops interface at REFLEX_CUDA_FUSE levels 1 and 2:
+    add + rms_norm + Q/K/V products (level 2: rx_matvec3n), per-head q/k RMSNorm + NEOX RoPE +
+    K/V cache writes (level 2: one rx_norm_rope_kv), attention over the cache, then add + rms_norm +
+    gate/up/SwiGLU (level 2: rx_matvec_glun), against the NumPy backend on the dequantized weights.
+    Level 2 must actually take the fused launches (recorded kernel names) and skip rx_add_rms_norm."""
+    from reflex.quants import dequantize
+    rng = np.random.default_rng(100 + T + d + qtype)
+    E, F, nh, nkv, n_past, n_ctx, eps = 256, 512, 4, 2, 5, 16, 1e-6
+    shp = {"q": (nh * d, E), "k": (nkv * d, E), "v": (nkv * d, E), "g": (F, E), "u": (F, E)}
+    raws = {n: random_tensor_bytes(qtype, *shp[n], rng) for n in shp}
+    R = {n: dequantize(raws[n], qtype, shp[n]) for n in shp}
+    a, r1, r2 = (rng.standard_normal((T, E)).astype(np.float32) for _ in range(3))
+    wn, wf = (rng.standard_normal(E).astype(np.float32) for _ in range(2))
+    qn, kn = (rng.standard_normal(d).astype(np.float32) for _ in range(2))
+    k0 = rng.standard_normal((n_ctx, nkv, d)).astype(np.float16)
+    v0 = rng.standard_normal((n_ctx, nkv, d)).astype(np.float16)
+    k0[n_past:] = 0
+    v0[n_past:] = 0
+    pos = np.arange(n_past, n_past + T)
+
+    # the NumPy reference
+    x = a + r1
+    h = nb.rms_norm(x, wn, eps)
+    q = nb.rms_norm((h @ R["q"].T).reshape(T, nh, d), qn, eps)
+    k = nb.rms_norm((h @ R["k"].T).reshape(T, nkv, d), kn, eps)
+    v = (h @ R["v"].T).reshape(T, nkv, d)
+    q, k = nb.rope(q, pos, d, 1e6, 1), nb.rope(k, pos, d, 1e6, 1)
+    kc, vc = k0.astype(np.float32), v0.astype(np.float32)
+    kc[n_past:n_past + T] = k.astype(np.float16)
+    vc[n_past:n_past + T] = v.astype(np.float16)
+    o = nb.attention(q, kc, vc, n_past, 1 / math.sqrt(d))
+    x2 = x + r2
+    h2 = nb.rms_norm(x2, wf, eps)
+    f = nb.swiglu(h2 @ R["g"].T, h2 @ R["u"].T)
+
+    names = []
+    orig = gb.k
+    old = gb.fuse
+    gb.fuse = fuse
+    gb.k = lambda name, sig: (names.append(name), orig(name, sig))[1]
+    try:
+        W = {n: gb.prepare_weight(raws[n], qtype, shp[n]) for n in shp}
+        gkc, gvc = gb.upload(k0, "f16"), gb.upload(v0, "f16")
+        gx = gb.add(gb.upload(a), gb.upload(r1))
+        gh = gb.rms_norm(gx, gb.upload(wn), eps)
+        gq = gb.matmul(gh, W["q"]).reshape(T, nh, d)
+        gk = gb.matmul(gh, W["k"]).reshape(T, nkv, d)
+        gv = gb.matmul(gh, W["v"]).reshape(T, nkv, d)
+        gq, gk = gb.rms_norm(gq, gb.upload(qn), eps), gb.rms_norm(gk, gb.upload(kn), eps)
+        gq, gk = gb.rope(gq, pos, d, 1e6, 1), gb.rope(gk, pos, d, 1e6, 1)
+        gb.kv_write(gkc, gk, n_past)
+        gb.kv_write(gvc, gv, n_past)
+        go = gb.attention(gq, gkc, gvc, n_past, 1 / math.sqrt(d))
+        gx2 = gb.add(gx, gb.upload(r2))
+        gh2 = gb.rms_norm(gx2, gb.upload(wf), eps)
+        gf = gb.swiglu(gb.matmul(gh2, W["g"]), gb.matmul(gh2, W["u"]))
+        got_f = gb.to_numpy(gf)
+        launched = list(names)
+        got = {n: gb.to_numpy(t) for n, t in [("x", gx), ("x2", gx2), ("q", gq), ("k", gk), ("o", go),
+                                              ("h", gh), ("h2", gh2)]}
+        got_kc, got_vc = gb.to_numpy(gkc), gb.to_numpy(gvc)
+    finally:
+        gb.fuse = old
+        del gb.k
+    assert rel(got_f, f) <= 1e-3
+    assert rel(got["o"], o) <= 1e-3
+    assert rel(got["q"], q) <= 1e-3 and rel(got["k"], k) <= 1e-3
+    assert rel(got["x"], x) <= 1e-7 and rel(got["x2"], x2) <= 1e-7
+    assert rel(got["h"], h) <= 1e-5 and rel(got["h2"], h2) <= 1e-5
+    # cache rows: the new ones hold K (f16, within rounding of the reference) and V, the old untouched
+    assert rel(got_kc[n_past:n_past + T], kc[n_past:n_past + T]) <= 2e-3
+    assert rel(got_vc[n_past:n_past + T], vc[n_past:n_past + T]) <= 2e-3
+    assert np.array_equal(got_kc[:n_past], kc[:n_past]) and np.array_equal(got_vc[:n_past], vc[:n_past])
+    assert not got_kc[n_past + T:].any() and not got_vc[n_past + T:].any()
+    sfx = {12: "q4_k", 3: "q4_1", 14: "q6_k"}[qtype]
+    if fuse == 2:
+        assert "rx_norm_rope_kv" in launched and "rx_matvec3n_" + sfx in launched
+        assert "rx_matvec_glun_" + sfx in launched
+        for gone in ("rx_add_rms_norm", "rx_rms_norm", "rx_rope", "rx_kv_write", "rx_matvec3_" + sfx):
+            assert gone not in launched, (gone, launched)
+    else:
+        assert "rx_norm_rope_kv" not in launched and "rx_add_rms_norm" in launched
+
+
+def test_fused_norm_rope_kv_norm_modes(gb, nb):
+    """rx_norm_rope_kv on its own paths: llama's pattern (RoPE NORM without a norm, K then V),
+    V queued before K, a partial rotation (n_rot < head_dim), and a K read before its cache
+    write (the fused launch then falls back to the plain one) -- all equal to NumPy."""
+    rng = np.random.default_rng(31)
+    T, nh, nkv, d, n_rot, start = 2, 4, 2, 64, 32, 3
+    pos = np.array([start, start + 1])
+    old = gb.fuse
+    gb.fuse = 2
+    try:
+        for order, n_r, read_k in [("kv", d, False), ("vk", d, False), ("kv", n_rot, False), ("kv", d, True)]:
+            q = rng.standard_normal((T, nh, d)).astype(np.float32)
+            k = rng.standard_normal((T, nkv, d)).astype(np.float32)
+            v = rng.standard_normal((T, nkv, d)).astype(np.float32)
+            gq, gk = gb.rope(gb.upload(q), pos, n_r, 1e4, 0), gb.rope(gb.upload(k), pos, n_r, 1e4, 0)
+            kc, vc = gb.zeros((8, nkv, d)), gb.zeros((8, nkv, d))
+            if read_k:
+                assert rel(gb.to_numpy(gk), nb.rope(k, pos, n_r, 1e4, 0)) <= 1e-6
+            writes = [(kc, gk), (vc, gb.upload(v))]
+            for c, t in (writes if order == "kv" else writes[::-1]):
+                gb.kv_write(c, t, start)
+            rq, rk = nb.rope(q, pos, n_r, 1e4, 0), nb.rope(k, pos, n_r, 1e4, 0)
+            assert rel(gb.to_numpy(gq), rq) <= 1e-6
+            got_k, got_v = gb.to_numpy(kc), gb.to_numpy(vc)
+            assert np.array_equal(got_k[start:start + T], rk.astype(np.float16).astype(np.float32))
+            assert np.array_equal(got_v[start:start + T], v.astype(np.float16).astype(np.float32))
+            assert not got_k[:start].any() and not got_k[start + T:].any() and not got_v[start + T:].any()
+    finally:
+        gb.fuse = old

@@ -94,6 +94,19 @@ def _cpu_greedy(path, ids):
 @pytest.mark.parametrize("arch,preset,overrides", CASES, ids=["llama-tiny", "smollm2-135m", "gemma3-270m",
                                                               "qwen3-0.6b", "qwen2-0.5b-6layers"])
 def test_gpu_matches_cpu(tmp_path_factory, vocab, arch, preset, overrides):
+    """At the default fusion level (REFLEX_CUDA_FUSE=2: norm + RoPE + KV write and add + norm
+    folded into the products, in eager and graph-captured decode)."""
+    _gpu_vs_cpu(tmp_path_factory, vocab, arch, preset, overrides, fuse=None)
+
+
+@pytest.mark.parametrize("arch,preset,overrides", [CASES[0], CASES[2], CASES[3]],
+                         ids=["llama-tiny", "gemma3-270m", "qwen3-0.6b"])
+def test_gpu_matches_cpu_fuse1(tmp_path_factory, vocab, arch, preset, overrides):
+    """The same checks with only the level-1 fusions (REFLEX_CUDA_FUSE=1), the device switch back."""
+    _gpu_vs_cpu(tmp_path_factory, vocab, arch, preset, overrides, fuse=1)
+
+
+def _gpu_vs_cpu(tmp_path_factory, vocab, arch, preset, overrides, fuse):
     if importlib.util.find_spec(f"reflex.models.{arch}") is None:
         pytest.skip(f"reflex/models/{arch}.py not in the tree")
     from reflex.backends.cuda_backend import CudaBackend, GreedyDecoder
@@ -102,6 +115,8 @@ def test_gpu_matches_cpu(tmp_path_factory, vocab, arch, preset, overrides):
     cpu_toks, cpu_logits = _cpu_greedy(path, ids)
 
     gb = CudaBackend()
+    if fuse is not None:
+        gb.fuse = fuse
     m = _load(path, gb)
     # teacher-forced logits on the CPU's sequence (eager launches, logits to the host)
     cache = m.new_cache(len(ids) + N_GEN + 1)
@@ -129,7 +144,7 @@ def test_gpu_matches_cpu(tmp_path_factory, vocab, arch, preset, overrides):
     toks3 = [dec3.prefill(ids)]
     while len(toks3) < N_GEN:
         toks3.append(dec3.step(toks3[-1]))
-    info = dict(case=preset + ("-small" if overrides else ""), max_abs=float(diff.max()), rel=rel,
+    info = dict(case=preset + ("-small" if overrides else ""), fuse=gb.fuse, max_abs=float(diff.max()), rel=rel,
                 min_margin=float(margin.min()), n_prefix=n_check, n_margin_ok=int(ok_steps.sum()),
                 free_running_all_equal=(toks == cpu_toks), cpu=cpu_toks, gpu_graph=toks,
                 gpu_eager=toks3, capture_s=dec.capture_s, mem=gb.memory())

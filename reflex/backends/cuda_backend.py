@@ -36,6 +36,8 @@ TYPES = {0: ("f32", 1, 4), 1: ("f16", 1, 2), 30: ("bf16", 1, 2), 8: ("q8_0", 32,
 _ITEM = {"f32": 4, "f16": 2, "i32": 4, "u8": 1, "f64": 8}
 _NP = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "u8": np.uint8, "f64": np.float64}
 MATVEC_MAX_T = 8      # up to this many rows a product reads the blocks directly (no scratch)
+RN_FUSE_MAX_IN = 8192     # a product rebuilds rms_norm(a + b) in shared memory up to this n_in (32 KB)
+RN_FUSE_MAX_ROWS = 32768  # ... and only for this many output rows (not the vocabulary head)
 ATT_CHUNK_DECODE = 256  # keys per split at T = 1 (splits over the KV length fill the GPU)
 
 
@@ -186,7 +188,10 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
         self._state = DArray(self, (4,), "i32")  # [token, n_past, -, -] of a captured decode step
         self.ctx.memset0(self._state.ptr, 16)
         self._pos_cache = (None, None)
-        self.fuse = os.environ.get("REFLEX_CUDA_FUSE", "1") != "0"
+        # fusion level (REFLEX_CUDA_FUSE): 0 none; 1 the deferred-op fusions below; 2 (default) also
+        # per-head norm + RoPE + KV write in one launch (rx_norm_rope_kv) and add + RMSNorm folded
+        # into the following Q/K/V or gate/up product (rx_matvec3n_*, rx_matvec_glun_*), T <= 8
+        self.fuse = {"0": 0, "1": 1}.get(os.environ.get("REFLEX_CUDA_FUSE", "2").strip(), 2)
         # prefill products on f16 tensor cores (rx_hgemm_nt) only when asked (REFLEX_CUDA_F16_GEMM=1):
         # 2.7x faster prefill, but its ~1e-3 product error broke GPU parity of the small fixtures
         # (gemma4moe, qwen35, granitehybrid, deepseek2, system1 scores) on the H200, so float32 tiles
@@ -209,7 +214,7 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
     def _defer(self, out: DArray, pend):
         out.buf.pend = pend
         self._recent.append(weakref.ref(out.buf))
-        if len(self._recent) > 8:
+        if len(self._recent) > 12:
             del self._recent[0]
         return out
 
@@ -246,9 +251,17 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
                 ptrs = [b.ptr for b in part] + [0] * (3 - len(part))
                 ns = [wi.n_out if wi is not None else 0 for wi in ws]
                 wp = [wi.ptr if wi is not None else 0 for wi in ws]
-                self.k("rx_matvec3_" + w.suffix, "pppppppiiii")(
-                    ((sum(ns) + 3) // 4, T, 1), 128, wp[0], wp[1], wp[2], x.ptr, ptrs[0], ptrs[1], ptrs[2],
-                    ns[0], ns[1], ns[2], w.n_in)
+                rn = self._rn_inputs(x, sum(ns))
+                if rn is not None:  # x = rms_norm(a + b) rebuilt inside the product (rx_matvec3n)
+                    a, b2, nw, eps, s = rn
+                    self.k("rx_matvec3n_" + w.suffix, "ppppppfppppiiii")(
+                        ((sum(ns) + 3) // 4, T, 1), 128, wp[0], wp[1], wp[2], a, b2, nw, eps, s,
+                        ptrs[0], ptrs[1], ptrs[2], ns[0], ns[1], ns[2], w.n_in, shmem=4 * w.n_in)
+                else:
+                    self._m(x)
+                    self.k("rx_matvec3_" + w.suffix, "pppppppiiii")(
+                        ((sum(ns) + 3) // 4, T, 1), 128, wp[0], wp[1], wp[2], x.ptr, ptrs[0], ptrs[1], ptrs[2],
+                        ns[0], ns[1], ns[2], w.n_in)
                 for b in part:
                     b.pend = None
         elif kind == "add":
@@ -274,6 +287,19 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
             buf.pend = None
             if second is not None:
                 second.pend = None
+        elif kind == "rn":
+            _, x, w, eps = pend
+            buf.pend = None
+            self._rms_norm_now(x, w, eps, buf)
+        elif kind == "hnorm":
+            _, x, w, eps = pend
+            buf.pend = None
+            self._m(x)
+            n = x.shape[-1]
+            self.k("rx_rms_norm", "pppif")((x.size // n, 1, 1), 256, x.ptr, w.ptr if w is not None else 0,
+                                           buf.ptr, n, eps)
+        elif kind == "nrope":
+            self._nrope_launch(buf)
         elif kind == "act":
             _, g, op = pend
             buf.pend = None
@@ -282,11 +308,81 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
         else:
             raise AssertionError(kind)
 
+    def _rn_inputs(self, x, n_rows: int):
+        """x pending ("rn", src, w, eps) -- a row norm waiting for its product -- and worth folding
+        into a product of n_rows outputs: (a, b, w, eps, s) device pointers for rx_matvec3n /
+        rx_matvec_glun (b, s 0 when src is not a pending add), src's add marked done (the product
+        writes it). None otherwise: the caller resolves x and runs the plain product."""
+        p = x.buf.pend if isinstance(x, DArray) else None
+        if (p is None or p[0] != "rn" or x.ptr != x.buf.ptr or x.shape[-1] > RN_FUSE_MAX_IN
+                or n_rows > RN_FUSE_MAX_ROWS):
+            return None
+        _, src, w, eps = p
+        wp = w.ptr if w is not None else 0
+        q = src.buf.pend
+        if q is not None and q[0] == "add" and src.ptr == src.buf.ptr and src.size == q[3] and q[2].size == q[3]:
+            _, a, b, _n = q
+            self._m(a)
+            self._m(b)
+            src.buf.pend = None  # the product's blocks with blockIdx.x == 0 write src = a + b
+            return a.ptr, b.ptr, wp, eps, src.ptr
+        self._m(src)
+        return src.ptr, 0, wp, eps, 0
+
+    def _nrope_launch(self, buf, kv=None):
+        """Launch a pending ("nrope", x, normed, w, eps, pos_ptr, dyn, args, keep) -- (norm +) RoPE of
+        one (T, n_head, head_dim) tensor -- with one pending sibling at the same positions (Q beside
+        K) in one rx_norm_rope_kv. kv = (cache, start, v, v_cache): buf's result also goes to the
+        cache (v to v_cache; v may be None)."""
+        _, x, normed, w, eps, pos_ptr, dyn, args, _keep = buf.pend
+        T, n_head, head_dim = x.shape
+        key = (pos_ptr, dyn, args)
+        sib = self._siblings(buf, lambda p: p[0] == "nrope" and (p[5], p[6], p[7]) == key
+                             and p[1].shape[0] == T and p[1].shape[2] == head_dim)
+        second = sib[0] if sib else None
+        x2 = second.pend[1] if second is not None else None
+        self._m(x)
+        if x2 is not None:
+            self._m(x2)
+        norm = (1 if normed else 0) | (2 if second is not None and second.pend[2] else 0)
+        w2, eps2 = (second.pend[3], second.pend[4]) if second is not None else (None, 0.0)
+        n_head2 = x2.shape[1] if x2 is not None else 0
+        n_rot, base, mode = args
+        kc, start, v, vc = kv if kv is not None else (None, 0, None, None)
+        kv_dyn = self._state.ptr + 4 if (kv is not None and self.capturing) else 0
+        threads = max(32, min(256, ((head_dim // 2 + 31) // 32) * 32))
+        self.k("rx_norm_rope_kv", "ppppppippiiiipiffpppip")(
+            (T * (n_head + n_head2), 1, 1), threads, x.ptr, buf.ptr, w.ptr if w is not None else 0,
+            x2.ptr if x2 is not None else 0, second.ptr if second is not None else 0,
+            w2.ptr if w2 is not None else 0, n_head2, pos_ptr, self._inv_freq(n_rot, base).ptr, n_head, head_dim,
+            n_rot, mode, dyn, norm, eps, eps2, kc.ptr if kc is not None else 0, v.ptr if v is not None else 0,
+            vc.ptr if vc is not None else 0, int(start), kv_dyn)
+        buf.pend = None
+        if second is not None:
+            second.pend = None
+
     def _flush_kv(self):
         q, self._kvq = self._kvq, []
         i = 0
         while i < len(q):
             cache, x, start, row = q[i]
+            if self.fuse >= 2 and i + 1 < len(q) and q[i + 1][1].buf.pend is not None \
+                    and q[i + 1][1].buf.pend[0] == "nrope" and not (x.buf.pend and x.buf.pend[0] == "nrope"):
+                q[i], q[i + 1] = q[i + 1], q[i]  # V queued before K: K leads the fused launch
+                cache, x, start, row = q[i]
+            p = x.buf.pend
+            if (self.fuse >= 2 and p is not None and p[0] == "nrope" and x.ptr == x.buf.ptr
+                    and row == x.shape[1] * x.shape[2]):
+                # K's (norm +) RoPE, its cache write, V's cache write (and Q's norm + RoPE) in one launch
+                kv, step = (cache, start, None, None), 1
+                if i + 1 < len(q):
+                    c2, x2, s2, r2 = q[i + 1]
+                    if s2 == start and r2 == row and x2.size == x.size and c2 is not cache:
+                        kv, step = (cache, start, self._f32(x2), c2), 2
+                if x.buf.pend is not None:  # resolving V cannot touch K's pending op, but be sure
+                    self._nrope_launch(x.buf, kv)
+                    i += step
+                    continue
             pair = None
             if i + 1 < len(q):
                 c2, x2, s2, r2 = q[i + 1]
@@ -451,7 +547,10 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
         return out
 
     def matmul(self, x, w):
-        x = self._f32(x, "matmul input")
+        p = x.buf.pend if self.fuse >= 2 and isinstance(x, DArray) and x.dtype == "f32" else None
+        if not (p is not None and p[0] == "rn" and isinstance(w, QWeight) and x.shape[-1] == w.n_in
+                and x.size // w.n_in <= MATVEC_MAX_T and w.n_in % 8 == 0):
+            x = self._f32(x, "matmul input")  # (a norm waiting for this product stays pending)
         if not isinstance(w, QWeight):
             raise InvalidRequest("cuda backend: matmul needs a prepared 2-D weight")
         if self._staged:
@@ -514,19 +613,34 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
     def rms_norm(self, x, w, eps: float):
         if self._staged:
             self._commit()
+        if (self.fuse >= 2 and isinstance(x, DArray) and x.dtype == "f32" and x.ndim == 2
+                and x.shape[0] <= MATVEC_MAX_T and x.shape[-1] % 8 == 0 and x.shape[-1] <= RN_FUSE_MAX_IN
+                and (w is None or w.size == x.shape[-1])):
+            # decode pre-norm: waits for the product that reads it (rx_matvec3n / rx_matvec_glun)
+            return self._defer(self.empty(x.shape), ("rn", x, w, float(eps)))
+        if (self.fuse >= 2 and isinstance(x, DArray) and x.dtype == "f32" and x.ndim == 3
+                and x.shape[0] <= MATVEC_MAX_T and x.shape[-1] <= 512 and x.shape[-1] % 2 == 0
+                and (w is None or w.size == x.shape[-1])):
+            # per-head q/k norm at decode: waits for the RoPE that follows (rx_norm_rope_kv)
+            return self._defer(self.empty(x.shape), ("hnorm", x, w, float(eps)))
+        return self._rms_norm_now(x, w, eps)
+
+    def _rms_norm_now(self, x, w, eps: float, out_buf=None):
+        """rms_norm launched now (into out_buf's memory when given: a deferred "rn" resolving)."""
+        mk = (lambda shape: DArray(self, shape, "f32", out_buf)) if out_buf is not None else self.empty
         if isinstance(x, DArray) and x.buf.pend is not None and x.buf.pend[0] == "add":
             _, a, b, n_all = x.buf.pend
             if x.ptr == x.buf.ptr and x.size == n_all and b.size == n_all:
                 # the pending residual add and this norm in one launch; the sum lands in x's buffer
                 x.buf.pend = None
                 n = x.shape[-1]
-                out = self.empty(x.shape)
+                out = mk(x.shape)
                 self.k("rx_add_rms_norm", "pppppif")((x.size // n, 1, 1), 256, a.ptr, b.ptr, x.ptr,
                                                      w.ptr if w is not None else 0, out.ptr, n, float(eps))
                 return out
         x = self._f32(x, "rms_norm input")
         n = x.shape[-1]
-        out = self.empty(x.shape)
+        out = mk(x.shape)
         self.k("rx_rms_norm", "pppif")((x.size // n, 1, 1), 256, x.ptr, w.ptr if w is not None else 0,
                                        out.ptr, n, float(eps))
         return out
@@ -570,7 +684,12 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
         return f
 
     def rope(self, x, pos, n_rot: int, freq_base: float, mode: int = ROPE_NORM):
-        x = self._f32(x, "rope input")
+        if self._staged:
+            self._commit()
+        fused = (self.fuse >= 2 and isinstance(x, DArray) and x.dtype == "f32" and x.ndim == 3
+                 and x.shape[0] <= MATVEC_MAX_T and x.shape[-1] <= 512)
+        if not fused:
+            x = self._f32(x, "rope input")
         if mode not in (ROPE_NORM, ROPE_NEOX):
             raise ValueError(f"unknown rope mode {mode}")
         T, n_head, head_dim = x.shape
@@ -583,13 +702,23 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
             keep = self._positions(pos)
             pos_ptr, dyn = keep.ptr, 0
         args = (int(n_rot), float(freq_base), 0 if mode == ROPE_NORM else 1)
+        if fused:
+            # decode: (norm +) RoPE (+ cache write) launched together with the sibling tensor
+            p = x.buf.pend
+            if p is not None and p[0] == "hnorm" and x.ptr == x.buf.ptr and x.shape == p[1].shape:
+                return self._defer(out, ("nrope", p[1], True, p[2], p[3], pos_ptr, dyn, args, keep))
+            return self._defer(out, ("nrope", x, False, None, 0.0, pos_ptr, dyn, args, keep))
         self._defer(out, ("rope", x, pos_ptr, dyn, args, keep))  # keep: positions stay alive
         if not self.fuse:
             self._resolve(out.buf)
         return out
 
     def kv_write(self, cache, x, start: int):
-        x = self._f32(x, "kv_write input")
+        if self.fuse >= 2 and isinstance(x, DArray) and x.dtype == "f32" and x.buf.pend is not None:
+            if self._staged:
+                self._commit()
+        else:
+            x = self._f32(x, "kv_write input")  # a pending K/V waits for _flush_kv (rx_norm_rope_kv)
         if not isinstance(cache, DArray) or cache.dtype != "f16":
             raise InvalidRequest("cuda backend: KV cache must come from zeros()")
         row = math.prod(cache.shape[1:])
@@ -686,6 +815,14 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
 
     def _glu_launch(self, x, wg, wu, T, op, shape):
         out = self.empty(shape)
+        rn = self._rn_inputs(x, wg.n_out)
+        if rn is not None:  # x = rms_norm(a + b) rebuilt inside the product (rx_matvec_glun)
+            a, b, nw, eps, s = rn
+            self.k("rx_matvec_glun_" + wg.suffix, "pppppfppiii")(
+                ((wg.n_out + 3) // 4, T, 1), 128, wg.ptr, wu.ptr, a, b, nw, eps, s, out.ptr, wg.n_out, wg.n_in, op,
+                shmem=4 * wg.n_in)
+            return out
+        self._m(x)
         self.k("rx_matvec_glu_" + wg.suffix, "ppppiii")(((wg.n_out + 3) // 4, T, 1), 128, wg.ptr, wu.ptr, x.ptr,
                                                        out.ptr, wg.n_out, wg.n_in, op)
         return out
