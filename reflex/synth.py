@@ -121,8 +121,10 @@ def synthesize(real_path, out_path, type_name: str | None = None, seed: int = 0,
 
 
 # ---- presets: a real model's shapes without the real file (device benchmarks, GPU tests) -------
-# Each preset gives the {arch}.* hyperparameters and a function (layer, tensor) -> ggml type name
-# mirroring the real file's quant mix. The tokenizer (and vocab size) come from a vocab-only GGUF.
+# Each preset gives the {arch}.* hyperparameters, a function (layer, tensor) -> ggml type name
+# mirroring the real file's quant mix, and that mix's general.file_type (llama_ftype: ALL_F32 0,
+# MOSTLY_Q4_1 3, MOSTLY_Q8_0 7, MOSTLY_Q4_K_M 15; dropped under a forced --type).
+# The tokenizer (and vocab size) come from a vocab-only GGUF.
 
 def _smollm2_type(i, t):
     return "Q8_0" if t == "token_embd" else "Q4_1"
@@ -162,29 +164,29 @@ PRESETS = {
     "smollm2-135m": dict(arch="llama", hp=dict(embedding_length=576, block_count=30, feed_forward_length=1536,
                          **{"attention.head_count": 9, "attention.head_count_kv": 3, "rope.freq_base": 100000.0,
                             "attention.layer_norm_rms_epsilon": 1e-5, "rope.dimension_count": 64},
-                         context_length=8192), types=_smollm2_type),
+                         context_length=8192), types=_smollm2_type, file_type=3),
     # Qwen3-0.6B (qwen3): head_dim 128 (q is 2048 wide), q/k norms, Q4_K_M-like mix
     "qwen3-0.6b": dict(arch="qwen3", hp=dict(embedding_length=1024, block_count=28, feed_forward_length=3072,
                        **{"attention.head_count": 16, "attention.head_count_kv": 8, "rope.freq_base": 1000000.0,
                           "attention.layer_norm_rms_epsilon": 1e-6, "attention.key_length": 128,
                           "attention.value_length": 128}, context_length=40960),
-                       types=_qwen3_q4_k_m_type(28)),
+                       types=_qwen3_q4_k_m_type(28), file_type=15),
     # Qwen2.5-0.5B (qwen2): q/k/v biases, NEOX rope, tied output; a Q8_0 file (896 is no multiple of 256)
     "qwen2-0.5b": dict(arch="qwen2", hp=dict(embedding_length=896, block_count=24, feed_forward_length=4864,
                        **{"attention.head_count": 14, "attention.head_count_kv": 2, "rope.freq_base": 1000000.0,
                           "attention.layer_norm_rms_epsilon": 1e-6}, context_length=32768),
-                       types=lambda i, t: "Q8_0"),
+                       types=lambda i, t: "Q8_0", file_type=7),
     # Gemma-3-270M (gemma3): 18 layers, head_dim 256, 1 kv head, sliding window 512, real file's mix
     "gemma3-270m": dict(arch="gemma3", hp=dict(embedding_length=640, block_count=18, feed_forward_length=2048,
                         **{"attention.head_count": 4, "attention.head_count_kv": 1, "rope.freq_base": 1000000.0,
                            "attention.layer_norm_rms_epsilon": 1e-6, "attention.key_length": 256,
                            "attention.value_length": 256, "attention.sliding_window": 512},
-                        context_length=32768), types=_gemma3_type),
+                        context_length=32768), types=_gemma3_type, file_type=15),
     # Qwen3-30B-A3B (qwen3moe) per layer: n_embd 2048, 32 q heads / 4 kv heads of 128, 128 experts of 768,
     # top-8 renormalized (norm_topk_prob; llama.cpp always renormalizes qwen3moe, so the converter writes
     # no expert_weights_norm key), untied output. 4 of the real 48 layers (~623M params each): ~1.6 GB
     # in the Q4_K_M-like mix with a 49,152-token vocab
-    "qwen3moe-30b-a3b-small": dict(arch="qwen3moe", hp=dict(
+    "qwen3moe-30b-a3b-small": dict(arch="qwen3moe", file_type=15, hp=dict(
         embedding_length=2048, block_count=4, feed_forward_length=6144, expert_feed_forward_length=768,
         expert_count=128, expert_used_count=8,
         **{"attention.head_count": 32, "attention.head_count_kv": 4, "rope.freq_base": 1000000.0,
@@ -192,7 +194,8 @@ PRESETS = {
         context_length=40960), types=_qwen3moe_q4_k_m_type(4)),
     # all-MiniLM-L6-v2 (bert) as `reflex convert` writes it: F32, position_embd / token_types kept F32
     # under a forced type (as convert.tensor_type), MEAN pooling, 2 token types (from the vocab file)
-    "minilm-l6": dict(arch="bert", hp=dict(embedding_length=384, block_count=6, feed_forward_length=1536,
+    "minilm-l6": dict(arch="bert", file_type=0, hp=dict(
+                      embedding_length=384, block_count=6, feed_forward_length=1536,
                       **{"attention.head_count": 12, "attention.layer_norm_epsilon": 1e-12,
                          "attention.causal": False, "pooling_type": 1}, context_length=512),
                       types=lambda i, t: "F32"),
@@ -292,6 +295,12 @@ def synthesize_preset(vocab_path, out_path, preset: str, seed: int = 0, layers: 
         meta = {k: v for k, v in src.metadata.items() if not k.startswith(src.arch + ".")}
         mtypes = dict(src.metadata_types)
         meta["general.architecture"] = arch
+        # the vocab file's name / file type describe another model (llama.cpp and llama-bench print them)
+        meta["general.name"] = preset
+        mtypes["general.name"] = 8  # STRING
+        meta.pop("general.file_type", None)
+        if "file_type" in pr and not type_name:
+            meta["general.file_type"], mtypes["general.file_type"] = pr["file_type"], 4
         for k, v in hp.items():
             meta[f"{arch}.{k}"] = v
         meta[f"{arch}.vocab_size"] = n_vocab

@@ -65,6 +65,8 @@ def test_moe_layout_matches_converter(moe):
         m = syn.metadata
         assert (m["qwen3moe.expert_count"], m["qwen3moe.expert_used_count"]) == (4, 2)
         assert m["qwen3moe.expert_feed_forward_length"] == 256 and m["qwen3moe.attention.key_length"] == 128
+        # the vocab source's own name / file type (a converter's F16 file) are not carried over
+        assert m["general.name"] == "qwen3moe-30b-a3b-small" and m["general.file_type"] == 15  # Q4_K_M
         t = syn.tensors
         assert tuple(t["blk.1.ffn_gate_exps.weight"].shape) == (4, 256, 256)
         assert tuple(t["blk.1.ffn_down_exps.weight"].shape) == (4, 256, 256)
@@ -132,6 +134,7 @@ def test_minilm_layout(minilm):
         assert syn.arch == "bert" and m["bert.embedding_length"] == 384 and m["bert.block_count"] == 6
         assert m["bert.attention.head_count"] == 12 and m["bert.feed_forward_length"] == 1536
         assert m["bert.pooling_type"] == 1 and m["bert.attention.causal"] is False
+        assert m["general.file_type"] == 0 and m["general.name"] == "minilm-l6"  # ALL_F32
         assert syn.metadata_types["bert.attention.causal"] == 7  # BOOL, as the converter writes it
         assert tuple(syn.tensors["position_embd.weight"].shape) == (512, 384)
         assert tuple(syn.tensors["token_types.weight"].shape) == (2, 384)
@@ -169,6 +172,7 @@ def test_forced_type_keeps_f32_tables(tmp_path):
     synthesize_preset(BERT_VOCAB, out, "minilm-l6", layers=1, type_name="Q8_0")
     q8 = type_by_name("Q8_0")
     with GGUFFile(out) as syn:
+        assert "general.file_type" not in syn.metadata  # the preset's mix no longer describes the file
         for n, ti in syn.tensors.items():
             want = q8 if n.endswith(".weight") and len(ti.shape) == 2 and n not in (
                 "position_embd.weight", "token_types.weight") else 0
