@@ -28,6 +28,9 @@ Prints the per-op table (calls, worst relative L2, worst max |diff|) and the fir
 (name, layer from the model's call stack, caller line, argument shapes and scalars such as n_rot,
 freq_base, mode, window, scale), plus the end-to-end logits error of plain runs on both backends.
 Exit status 1 when some op deviates.
+
+--sensitivity EPS instead measures the model's conditioning on NumPy: how far its logits move when
+one op kind's outputs get relative noise EPS, and with a float16 KV cache (see sensitivity()).
 """
 from __future__ import annotations
 
@@ -310,6 +313,44 @@ def run_diff(path, test: Backend, ref: Backend, ids, n_decode=2, tol=1e-3, tree=
     return shadow
 
 
+SENSITIVITY_OPS = ("matmul", "rms_norm", "attention", "rope", "add", "mul", "embed")
+
+
+def sensitivity(path, ids, eps=1e-4, ref_name="numpy", out=sys.stdout) -> dict:
+    """How much the model's prompt logits move (max |d| / max |logit|) when every output of one op
+    kind gets relative noise eps (seeded), and when the KV cache is stored in float16 (as the CUDA
+    backend keeps it), all on the NumPy backend. A fixture whose logits move by >> eps amplifies any
+    backend's rounding: a tolerance on it says more about the fixture than about the backend."""
+    from reflex.backends.numpy_backend import NumpyBackend
+    from reflex.models import load_model
+
+    def logits(backend):
+        m = load_model(path, backend)
+        return m.forward(ids, m.new_cache(len(ids)))
+
+    base = logits(NumpyBackend())
+    res = {}
+    for op in SENSITIVITY_OPS + ("float16 KV",):
+        rng = np.random.default_rng(0)
+
+        class Noisy(NumpyBackend):
+            pass
+
+        if op == "float16 KV":
+            def kv_write(self, cache, x, start, _f=NumpyBackend.kv_write):
+                _f(self, cache, np.asarray(x, np.float32).astype(np.float16).astype(np.float32), start)
+            Noisy.kv_write = kv_write
+        else:
+            def noisy(self, *a, _f=getattr(NumpyBackend, op), **k):
+                o = _f(self, *a, **k)
+                return (o * (1 + np.float32(eps) * rng.standard_normal(o.shape).astype(np.float32))).astype(np.float32)
+            setattr(Noisy, op, noisy)
+        res[op] = float(np.abs(logits(Noisy()) - base).max() / max(np.abs(base).max(), 1e-30))
+        label = op if op == "float16 KV" else f"{op} x (1 + {eps:g} noise)"
+        print(f"{label:<34} logits move {res[op]:.2e} of max |logit|", file=out)
+    return res
+
+
 def _backend(name):
     from reflex.backends import get_backend
     return get_backend(name)
@@ -328,9 +369,15 @@ def main(argv=None):
     ap.add_argument("--kv-from-test", action="store_true",
                     help="attention on the reference reads the test backend's cache values (the CUDA "
                          "float16 KV): isolates the attention kernel from the cache's storage precision")
+    ap.add_argument("--sensitivity", type=float, default=0.0, metavar="EPS",
+                    help="instead: the fixture's conditioning on NumPy (logits movement under relative "
+                         "noise EPS per op kind, and under a float16 KV cache)")
     ap.add_argument("--all", action="store_true", help="print every checked call over tol, not only the first")
     a = ap.parse_args(argv)
     ids = [int(s) for s in a.prompt_ids.split(",") if s.strip()]
+    if a.sensitivity:
+        sensitivity(a.model, ids, a.sensitivity)
+        return 0
     shadow = run_diff(a.model, _backend(a.backend), _backend(a.ref), ids, a.decode, a.tol, a.tree,
                       kv_from_test=a.kv_from_test)
     if a.all:

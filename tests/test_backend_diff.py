@@ -142,6 +142,17 @@ def test_kv_from_test_reads_the_test_cache():
 
 
 
+@pytest.mark.skipif(not (os.path.exists(GEMMA4) and os.path.exists(os.path.join(FIX, "qwen3.gguf"))),
+                    reason="fixture missing")
+def test_sensitivity_shows_gemma4_fixture_amplifies_float16_kv():
+    g = backend_diff.sensitivity(GEMMA4, IDS, 1e-4, out=io.StringIO())
+    q = backend_diff.sensitivity(os.path.join(FIX, "qwen3.gguf"), IDS, 1e-4, out=io.StringIO())
+    assert set(g) == set(backend_diff.SENSITIVITY_OPS) | {"float16 KV"}
+    assert all(np.isfinite(v) for v in g.values()) and g["matmul"] > 0
+    # the same float16 KV storage moves gemma4's fixture's logits far more than qwen3's (issue 8)
+    assert g["float16 KV"] > 3 * q["float16 KV"] and g["float16 KV"] > 1e-3
+
+
 @_GPU
 @pytest.mark.parametrize("name", ["gemma4", "gemma4moe", "qwen35"])
 def test_cuda_ops_match_numpy(name):
