@@ -278,12 +278,22 @@ def test_search_threads_restored_and_blas_setter_leaves_faiss_alone(corpus, tmp_
 
 
 def test_mapped_index_is_prefetched(corpus, tmp_path, monkeypatch):
-    """Opening a memory-mapped generation starts the sequential prefetch of index.faiss (cold-cache
-    HNSW searches otherwise fault pages in randomly); a read copy does not need it."""
+    """Opening a generation starts the sequential prefetch of its chunk records and, when mapped,
+    of index.faiss (cold-cache HNSW searches otherwise fault pages in randomly); a missing file
+    only ends that file's prefetch."""
     seen = []
-    monkeypatch.setattr(ix, "_prefetch", lambda path: seen.append(path))
+    monkeypatch.setattr(ix, "_prefetch", lambda paths: seen.append([Path(p).name for p in paths]))
     run([corpus], tmp_path)
     ix.Index.open(tmp_path, "t").close()
-    assert len(seen) == 1 and seen[0].endswith("index.faiss")
+    assert seen[-1] == ["chunks.offsets.npy", "chunks.jsonl", "index.faiss"]
     ix.Index.open(tmp_path, "t", mmap=False).close()
-    assert len(seen) == 1
+    assert seen[-1] == ["chunks.offsets.npy", "chunks.jsonl"]
+    # the real prefetch thread on a real generation: it finishes and leaves the index usable
+    monkeypatch.undo()
+    g = tmp_path / "t" / ix.read_current(tmp_path / "t")
+    import threading
+    ix._prefetch([str(g / "chunks.jsonl"), str(g / "missing")])
+    for t in threading.enumerate():
+        if t.name == "reflex-index-prefetch":
+            t.join(10)
+    assert not any(t.name == "reflex-index-prefetch" for t in threading.enumerate())
