@@ -87,8 +87,13 @@ class NumpyBackend(NumpySSMOps, NumpyDeltaNetOps, NumpyMLAOps, NumpyEmbedOps, Ba
     # op families beyond the dense-transformer core live in mixins, one file per family
     name = "numpy"
 
-    def __init__(self, n_threads: int | None = None):
-        """n_threads: BLAS threads (default: env REFLEX_NUM_THREADS, else the BLAS default)."""
+    def __init__(self, n_threads: int | None = None, kv_f16: bool | None = None):
+        """n_threads: BLAS threads (default: env REFLEX_NUM_THREADS, else the BLAS default).
+        kv_f16: round what kv_write stores to float16, emulating the CUDA backend's KV storage
+        (default: env REFLEX_NUMPY_KV_F16=1, else off: float32 caches, results unchanged)."""
+        if kv_f16 is None:
+            kv_f16 = os.environ.get("REFLEX_NUMPY_KV_F16", "") not in ("", "0")
+        self.kv_f16 = bool(kv_f16)
         self._inv_freq = {}
         self.weight_bytes = 0  # float32 bytes of every prepared weight (the dequantized copies)
         if n_threads is None and os.environ.get("REFLEX_NUM_THREADS"):
@@ -169,6 +174,10 @@ class NumpyBackend(NumpySSMOps, NumpyDeltaNetOps, NumpyMLAOps, NumpyEmbedOps, Ba
         return out
 
     def kv_write(self, cache, x, start: int):
+        # every cache write goes through here (K/V, and MLA's latent + RoPE caches), so kv_f16
+        # rounds all stored keys/values as the GPU's float16 caches do; the cache stays float32
+        if self.kv_f16:
+            x = np.asarray(x, dtype=np.float32).astype(np.float16)
         cache[start:start + x.shape[0]] = x
 
     def attention(self, q, k_cache, v_cache, n_past: int, scale: float | None = None, *,
