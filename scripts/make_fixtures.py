@@ -216,6 +216,31 @@ def _gemma4moe():
     return Gemma4ForCausalLM(cfg)
 
 
+def _gemma4_conditioning(model, seed):
+    # Two places where the random weights of _randomize make a Gemma 4 fixture amplify a float16 KV
+    # cache's 5e-4 rounding into logit changes of up to 0.7 of max|logit| (issue 8; measured with
+    # NumpyBackend(kv_f16=True), see docs/reference.md):
+    # - attention scale is 1.0 on RMS-normed q and k, so norm weights ~1 give scores of std
+    #   ~sqrt(head_dim) (5.7-8): near-argmax softmax over near-tied keys. q_norm / k_norm weights
+    #   ~head_dim^-1/4 give scores of std ~1, as trained models' learned norms do;
+    # - the PLE branch rms-normalizes proj(gelu_tanh(per_layer_input_gate(x)) * pe) whose inner width
+    #   is only hidden_size_per_layer_input (2): with gate values of std ~2.5, gelu_tanh sends both to
+    #   ~0 for about a quarter of the tokens and the post-norm blows their rounding up to unit scale.
+    #   Gate weights of 0.05 keep the gates (std ~0.5) in gelu's near-linear range.
+    # Still random (seeded), so every weight stays tested.
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                c = p.shape[0] ** -0.25
+                p.copy_((c * (1.0 + 0.2 * torch.randn(p.shape, generator=g))).half().float())
+            elif name.endswith("per_layer_input_gate.weight"):
+                p.copy_((PLE_GATE_STD * torch.randn(p.shape, generator=g)).half().float())
+
+
+PLE_GATE_STD = 0.05
+
+
 # name -> (builder, seed)
 RECIPES = {
     "qwen2": (_qwen2, 2),
@@ -237,6 +262,8 @@ EXTRA_KV = {"mistral_swa": {"llama.attention.sliding_window": MISTRAL_SWA}}
 # GraniteMoeHybrid's layer_types as linear_attention/full_attention, but the released Granite 4.0-H
 # configs (and llama.cpp's converter, which then finds no attention layer) use mamba/attention
 HF_CONFIG = {"granitehybrid": {"layer_types": ["mamba", "attention", "mamba", "attention"]}}
+# weight changes after _randomize (model, seed)
+POST_RANDOMIZE = {"gemma4": _gemma4_conditioning, "gemma4moe": _gemma4_conditioning}
 # extra converter flags: Qwen3.5's converter expects an MTP head unless told there is none
 CONVERT_ARGS = {"qwen35": ["--no-mtp"]}
 
@@ -314,6 +341,8 @@ def build(name):
     model.config.bos_token_id = tok.bos_token_id
     model.config.eos_token_id = tok.eos_token_id
     _randomize(model, seed)
+    if name in POST_RANDOMIZE:
+        POST_RANDOMIZE[name](model, seed)
     model.save_pretrained(hf_dir, safe_serialization=True)
     tok.save_pretrained(hf_dir)
     if name in HF_CONFIG:
