@@ -1,7 +1,11 @@
 """system1 scoring on the CUDA backend vs the NumPy backend, same GGUF fixtures (llama.cpp-converted
 qwen2/qwen3/qwen3moe in tests/data/fixtures, and SmolLM2 when the store has it). The one-pass tree
 mask is proven on the CPU against separate forwards and transformers in test_system1.py; here the GPU
-must give the same per-token log-probabilities (within 2e-3: f16 KV cache) and the same best.
+must give the same per-token log-probabilities as the NumPy backend with the same KV storage precision
+(NumpyBackend(kv_f16=True): K/V rounded to float16 as the CUDA backend stores them), within 1e-3, and
+the same best. Against a float32-KV NumPy run the old bound (2e-3) failed for gemma4 / gemma4moe /
+qwen35 by exactly what float16 storage alone moves on the CPU (NumPy kv_f16 vs f32: 5.5e-3, 1.1e-2,
+3.8e-3 on the old gemma4 fixtures; issue 8), so that comparison measured the fixtures, not the GPU.
 Skipped cleanly where there is no CUDA GPU or the kernels are not built (CI has no GPU).
 """
 import os
@@ -32,13 +36,16 @@ def _models():
 
 
 @pytest.mark.parametrize("path", _models(), ids=os.path.basename)
-def test_gpu_scores_match_cpu(path):
+def test_gpu_scores_match_cpu(path, monkeypatch):
     from reflex.engine import Engine
 
+    monkeypatch.setenv("REFLEX_NUMPY_KV_F16", "1")  # the NumPy reference stores K/V as the GPU does
     try:
-        cpu = Engine(path, backend="numpy").score(CONTEXT, CANDS)
+        eng = Engine(path, backend="numpy")
+        cpu = eng.score(CONTEXT, CANDS)
     except Exception as e:  # an embedding-only fixture has nothing to score
         pytest.skip(f"not a generation model: {e}")
+    assert eng.model.backend.kv_f16
     gpu = Engine(path, backend="cuda").score(CONTEXT, CANDS)
     d = cpu.to_dict(), gpu.to_dict()
     lc = [np.asarray(c["logprobs"]) for c in d[0]["candidates"]]
@@ -46,5 +53,5 @@ def test_gpu_scores_match_cpu(path):
     assert [len(a) for a in lc] == [len(a) for a in lg]
     err = max(float(np.max(np.abs(a - b))) for a, b in zip(lc, lg))
     print(f"{os.path.basename(path)}: max |dlogprob| {err:.2e}")
-    assert err <= 2e-3
+    assert err <= 1e-3
     assert d[0]["best"] == d[1]["best"]
