@@ -12,3 +12,4 @@
 #include "deltanet.cu"
 #include "mla.cu"
 #include "embed.cu"
+#include "moe.cu"

@@ -36,6 +36,7 @@ TYPES = {0: ("f32", 1, 4), 1: ("f16", 1, 2), 30: ("bf16", 1, 2), 8: ("q8_0", 32,
 _ITEM = {"f32": 4, "f16": 2, "i32": 4, "u8": 1, "f64": 8}
 _NP = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "u8": np.uint8, "f64": np.float64}
 MATVEC_MAX_T = 8      # up to this many rows a product reads the blocks directly (no scratch)
+CUBLAS_MIN_T = 64     # from this many rows products go to cuBLAS SGEMM (cuda_blas.py)
 RN_FUSE_MAX_IN = 8192     # a product rebuilds rms_norm(a + b) in shared memory up to this n_in (32 KB)
 RN_FUSE_MAX_ROWS = 32768  # ... and only for this many output rows (not the vocabulary head)
 ATT_CHUNK_DECODE = 256  # keys per split at T = 1 (splits over the KV length fill the GPU)
@@ -578,7 +579,9 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
             # weight is used in place), then cuBLAS SGEMM where the library is installed
             # (cuda_blas.py: loaded on the first such product), else our tiled rx_sgemm_nt
             scratch = w if w.ggml_type == 0 else self.dequantize(w)
-            blas = self._blas()
+            # below CUBLAS_MIN_T rows our tiled SGEMM is as fast as cuBLAS for these shapes, and a
+            # short prompt or one sentence to embed then never waits for the library to load
+            blas = self._blas() if T >= CUBLAS_MIN_T else None
             if blas is not None:
                 blas.gemm_nt(x.ptr, scratch.ptr, out.ptr, T, n_out, n_in)
             else:
@@ -594,6 +597,8 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
             self._blas_h = cuda_blas.get(self.ctx.stream) or False
             if self._blas_h:
                 self.timings["cublas_load_s"] = self._blas_h.load_s
+                if "cublas_preload_s" in self.timings:   # loaded on the context thread: not waited for
+                    self.timings["cublas_load_s"] = 0.0
         return self._blas_h or None
 
     def matmul2(self, x, w0, w1):
@@ -890,16 +895,9 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
             n_c = min(65535, T * K - c)
             self.k("rx_get_rows_f32", "pppi")(((n_in + 255) // 256, n_c, 1), 256, x.ptr, idx.ptr + 4 * c,
                                               gathered.ptr + c * n_in * 4, n_in)
-        if weights is None:
-            out = self.empty((T, K, n_out))
-        else:
-            wt = np.asarray(weights, dtype=np.float32).reshape(T * K)
-            out = self.empty((T, n_out))
-            self.ctx.memset0(out.ptr, out.nbytes)
+        # each selected expert once over its rows; results one expert after another into Y
+        Y = self.empty((T * K, n_out))                             # (slots sorted by expert, n_out)
         row_bytes = n_out * 4
-        tmp = self.empty((n_out,))
-        binary = self.k("rx_binary", "pppllif")
-        grid = self._grid1(n_out)
         a = 0
         while a < T * K:
             e = int(flat[order[a]])
@@ -908,16 +906,24 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
                 b += 1
             view = QWeight(w.ptr + e * per_expert, w.ggml_type, (n_out, n_in), per_expert)
             y = self._f32(self.matmul(gathered[a:b], view), "expert product")  # (b - a, n_out)
-            for j in range(a, b):
-                s = int(order[j])
-                yj = y.ptr + (j - a) * row_bytes
-                if weights is None:      # out[t, k] = y_j * 1
-                    binary(grid, 256, yj, 0, out.ptr + s * row_bytes, n_out, 1, 1, 1.0)
-                else:                    # out[t] += weight * y_j
-                    dst = out.ptr + (s // K) * row_bytes
-                    binary(grid, 256, yj, 0, tmp.ptr, n_out, 1, 1, float(wt[s]))
-                    binary(grid, 256, dst, tmp.ptr, dst, n_out, n_out, 0, 0.0)
+            self.ctx.d2d(Y.ptr + a * row_bytes, y.ptr, (b - a) * row_bytes)
             a = b
+        inv = np.empty(T * K, dtype=np.int64)
+        inv[order] = np.arange(T * K)                              # slot s -> its row in Y
+        pos = self._ints(inv)
+        if weights is None:   # out[t, k] = Y[pos[t*K + k]]: one row gather
+            out = self.empty((T, K, n_out))
+            for c in range(0, T * K, 65535):
+                n_c = min(65535, T * K - c)
+                self.k("rx_get_rows_f32", "pppi")(((n_out + 255) // 256, n_c, 1), 256, Y.ptr, pos.ptr + 4 * c,
+                                                  out.ptr + c * row_bytes, n_out)
+        else:                 # out[t] = sum_k weight[t, k] * Y[pos[t*K + k]] (kernels/moe.cu)
+            wt = self.upload(np.asarray(weights, dtype=np.float32).reshape(T * K))
+            out = self.empty((T, n_out))
+            for c in range(0, T, 65535):
+                n_c = min(65535, T - c)
+                self.k("rx_moe_combine", "ppppiii")(((n_out + 255) // 256, n_c, 1), 256, Y.ptr, pos.ptr + 4 * c * K,
+                                                    wt.ptr + 4 * c * K, out.ptr + c * row_bytes, n_c, K, n_out)
         del idx, gathered
         return out
 

@@ -184,6 +184,11 @@ class Context:
             check(self._h2d(_c.c_uint64(dst), _c.c_void_p(src_addr), _c.c_size_t(nbytes), self.stream),
                   "cuMemcpyHtoDAsync")
 
+    def d2d(self, dst: int, src: int, nbytes: int):
+        if nbytes:
+            check(_fn("cuMemcpyDtoDAsync_v2")(_c.c_uint64(dst), _c.c_uint64(src), _c.c_size_t(nbytes), self.stream),
+                  "cuMemcpyDtoDAsync")
+
     def d2h(self, dst_addr: int, src: int, nbytes: int):
         check(self._d2h(_c.c_void_p(dst_addr), _c.c_uint64(src), _c.c_size_t(nbytes), self.stream),
               "cuMemcpyDtoHAsync")
@@ -271,8 +276,11 @@ def default_fatbin() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_kernels", "reflex.fatbin")
 
 
-def start(fatbin: str | None = None):
-    """Begin creating the context (idempotent). Returns immediately."""
+def start(fatbin: str | None = None, blas: bool = False):
+    """Begin creating the context (idempotent). Returns immediately. blas=True also loads cuBLAS
+    on that thread once the context exists (cuda_blas.py: ~0.08 s of library loading on the H200),
+    for callers that know their first request has a long prompt (RAG answers, prompts of >= 64
+    tokens); everyone else loads it on first use, or never."""
     global _thread, _t_start
     if _thread is not None or _ctx is not None:
         return
@@ -287,9 +295,19 @@ def start(fatbin: str | None = None):
     def work():
         global _ctx, _err
         try:
-            _ctx = Context(path)
+            ctx = Context(path)
         except BaseException as e:  # re-raised in get()
             _err = e
+            return
+        if blas:   # the context is current on this thread, which cublasCreate binds to
+            try:
+                from reflex.backends import cuda_blas
+                b = cuda_blas.get(ctx.stream)
+                if b:
+                    ctx.timings["cublas_preload_s"] = b.load_s
+            except Exception:   # loading again on first use reports the failure there
+                pass
+        _ctx = ctx
 
     _thread = threading.Thread(target=work, name="reflex-cuda-init", daemon=True)
     _thread.start()
