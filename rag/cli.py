@@ -133,6 +133,11 @@ def cmd_query(args) -> int:
 
 
 def cmd_ask(args) -> int:
+    if args.backend in ("cuda", "gpu"):
+        # context creation (and cuBLAS, which the ~400-token answer prompt's prefill uses) on a
+        # thread, overlapping the imports, the index open and the embedder load
+        from reflex.backends import cuda_driver
+        cuda_driver.start(blas=True)
     from rag.ask import ask
     from rag.index import Index
     from rag.retrieve import validate

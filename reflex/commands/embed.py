@@ -16,6 +16,10 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    if args.backend in ("cuda", "gpu"):
+        # before numpy and the engine are imported: context creation overlaps all of that
+        from reflex.backends import cuda_driver
+        cuda_driver.start()
     from reflex.embed import embed
     from reflex.engine import Engine
 
