@@ -249,7 +249,8 @@ def _load(path, b):
 
 
 # fused launches each level must use (and level-1 launches level 2 must no longer make)
-EXPECT = {2: ({"rx_norm_rope_kv", "rx_attention"}, {"rx_rope", "rx_kv_write"}),
+EXPECT = {3: ({"rx_norm_rope_kv", "rx_attention"}, {"rx_rope", "rx_kv_write"}),
+          2: ({"rx_norm_rope_kv", "rx_attention", "rx_add_rms_norm"}, {"rx_rope", "rx_kv_write"}),
           1: ({"rx_rope", "rx_kv_write"}, {"rx_norm_rope_kv"}), 0: ({"rx_rope"}, {"rx_norm_rope_kv"})}
 
 
@@ -267,7 +268,7 @@ def test_fusion_levels_match_numpy(fake_device, vocab, tmp_path_factory, preset)
     for tok in (7, 8, 9):
         ref.append(cm.forward([tok], cc, last_only=True)[-1])
     counts = {}
-    for level in (0, 1, 2):
+    for level in (0, 1, 2, 3):
         b = CudaBackend()
         b.fuse = level
         m = _load(path, b)
@@ -292,12 +293,12 @@ def test_fusion_levels_match_numpy(fake_device, vocab, tmp_path_factory, preset)
             assert np.abs(o - r).max() <= 2e-3 * np.abs(r).max(), (preset, level)
         must, never = EXPECT[level]
         assert must <= set(launched) and not (never & set(launched)), (level, sorted(set(launched)))
-        if level == 2:
+        if level == 3:
             # only the output norm before the vocabulary head stays a launch of its own (gemma3's
             # post-attention / post-FFN norms read products, not a residual add, and stay too)
             assert launched.count("rx_add_rms_norm") == 1, launched
             assert preset == "gemma3-270m" or "rx_rms_norm" not in launched, launched
-    assert counts[2] < counts[1] < counts[0], counts
+    assert counts[3] < counts[2] < counts[1] < counts[0], counts
 
 
 @pytest.mark.parametrize("weighted", [False, True])

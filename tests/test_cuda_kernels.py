@@ -318,14 +318,15 @@ def test_attention_over_float32_kv(gb, nb):
     assert rel(got, nb.attention(q, k16, v16, 0, 0.2, causal=False)) <= 1e-4
 
 
-@pytest.mark.parametrize("fuse", [1, 2])
+@pytest.mark.parametrize("fuse", [1, 2, 3])
 @pytest.mark.parametrize("T,d,qtype", [(1, 128, 12), (3, 64, 12), (1, 64, 3), (8, 128, 14)])
 def test_decode_layer_fusions_match_numpy(gb, nb, fuse, T, d, qtype):
     """One qwen3-pattern decode layer through the ops interface at REFLEX_CUDA_FUSE levels 1 and 2:
     add + rms_norm + Q/K/V products (level 2: rx_matvec3n), per-head q/k RMSNorm + NEOX RoPE +
     K/V cache writes (level 2: one rx_norm_rope_kv), attention over the cache, then add + rms_norm +
     gate/up/SwiGLU (level 2: rx_matvec_glun), against the NumPy backend on the dequantized weights.
-    Level 2 must actually take the fused launches (recorded kernel names) and skip rx_add_rms_norm."""
+    Levels 2 and 3 must actually take their fused launches (recorded kernel names); level 3 skips
+    rx_add_rms_norm."""
     from reflex.quants import dequantize
     rng = np.random.default_rng(100 + T + d + qtype)
     E, F, nh, nkv, n_past, n_ctx, eps = 256, 512, 4, 2, 5, 16, 1e-6
@@ -396,10 +397,14 @@ def test_decode_layer_fusions_match_numpy(gb, nb, fuse, T, d, qtype):
     assert np.array_equal(got_kc[:n_past], kc[:n_past]) and np.array_equal(got_vc[:n_past], vc[:n_past])
     assert not got_kc[n_past + T:].any() and not got_vc[n_past + T:].any()
     sfx = {12: "q4_k", 3: "q4_1", 14: "q6_k"}[qtype]
-    if fuse == 2:
+    if fuse == 3:
         assert "rx_norm_rope_kv" in launched and "rx_matvec3n_" + sfx in launched
         assert "rx_matvec_glun_" + sfx in launched
         for gone in ("rx_add_rms_norm", "rx_rms_norm", "rx_rope", "rx_kv_write", "rx_matvec3_" + sfx):
+            assert gone not in launched, (gone, launched)
+    elif fuse == 2:   # norm + RoPE + KV write fused; the add + RMSNorm keeps its own launch
+        assert "rx_norm_rope_kv" in launched and "rx_add_rms_norm" in launched
+        for gone in ("rx_rope", "rx_kv_write", "rx_matvec3n_" + sfx, "rx_matvec_glun_" + sfx):
             assert gone not in launched, (gone, launched)
     else:
         assert "rx_norm_rope_kv" not in launched and "rx_add_rms_norm" in launched

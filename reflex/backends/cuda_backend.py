@@ -190,9 +190,12 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
         self.ctx.memset0(self._state.ptr, 16)
         self._pos_cache = (None, None)
         # fusion level (REFLEX_CUDA_FUSE): 0 none; 1 the deferred-op fusions below; 2 (default) also
-        # per-head norm + RoPE + KV write in one launch (rx_norm_rope_kv) and add + RMSNorm folded
-        # into the following Q/K/V or gate/up product (rx_matvec3n_*, rx_matvec_glun_*), T <= 8
-        self.fuse = {"0": 0, "1": 1}.get(os.environ.get("REFLEX_CUDA_FUSE", "2").strip(), 2)
+        # per-head norm + RoPE + KV write in one launch (rx_norm_rope_kv); 3 also add + RMSNorm
+        # folded into the following Q/K/V or gate/up product (rx_matvec3n_*, rx_matvec_glun_*),
+        # T <= 8. Level 3 is opt-in: on the H200 each folding product recomputes the norm per block
+        # and got 2.5-5 us slower than the launch it saves (graph decode 557 vs 573 tok/s Qwen3-shaped,
+        # 969 vs 987 SmolLM2-shaped, session 4 call C), though eager decode gains
+        self.fuse = {"0": 0, "1": 1, "3": 3}.get(os.environ.get("REFLEX_CUDA_FUSE", "2").strip(), 2)
         # prefill products on f16 tensor cores (rx_hgemm_nt) only when asked (REFLEX_CUDA_F16_GEMM=1):
         # 2.7x faster prefill, but its ~1e-3 product error broke GPU parity of the small fixtures
         # (gemma4moe, qwen35, granitehybrid, deepseek2, system1 scores) on the H200, so float32 tiles
@@ -548,7 +551,7 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
         return out
 
     def matmul(self, x, w):
-        p = x.buf.pend if self.fuse >= 2 and isinstance(x, DArray) and x.dtype == "f32" else None
+        p = x.buf.pend if self.fuse >= 3 and isinstance(x, DArray) and x.dtype == "f32" else None
         if not (p is not None and p[0] == "rn" and isinstance(w, QWeight) and x.shape[-1] == w.n_in
                 and x.size // w.n_in <= MATVEC_MAX_T and w.n_in % 8 == 0):
             x = self._f32(x, "matmul input")  # (a norm waiting for this product stays pending)
@@ -618,7 +621,7 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
     def rms_norm(self, x, w, eps: float):
         if self._staged:
             self._commit()
-        if (self.fuse >= 2 and isinstance(x, DArray) and x.dtype == "f32" and x.ndim == 2
+        if (self.fuse >= 3 and isinstance(x, DArray) and x.dtype == "f32" and x.ndim == 2
                 and x.shape[0] <= MATVEC_MAX_T and x.shape[-1] % 8 == 0 and x.shape[-1] <= RN_FUSE_MAX_IN
                 and (w is None or w.size == x.shape[-1])):
             # decode pre-norm: waits for the product that reads it (rx_matvec3n / rx_matvec_glun)
@@ -890,7 +893,19 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
         src = np.repeat(np.arange(T), K) if x.ndim == 2 else np.arange(T * K)  # input row of each slot
         order = np.argsort(flat, kind="stable")
         gathered = self.empty((T * K, n_in))                       # slots sorted by expert
-        idx = self._ints(src[order])
+        inv = np.empty(T * K, dtype=np.int64)
+        inv[order] = np.arange(T * K)                              # slot s -> its row in Y
+        # one upload, before any expert runs: [input row per sorted slot | Y row per slot | routing
+        # weights as float32 bits]. A copy from pageable memory waits for the stream, so a second
+        # upload after the expert products would stall the host until they finished.
+        host = np.empty(3 * T * K, dtype=np.int32)
+        host[:T * K], host[T * K:2 * T * K] = src[order], inv
+        if weights is not None:
+            host[2 * T * K:] = np.asarray(weights, dtype=np.float32).reshape(T * K).view(np.int32)
+        else:
+            host[2 * T * K:] = 0
+        idx = self._ints(host)
+        pos_ptr, wt_ptr = idx.ptr + 4 * T * K, idx.ptr + 8 * T * K
         for c in range(0, T * K, 65535):  # rows on grid.y (at most 65535 per launch)
             n_c = min(65535, T * K - c)
             self.k("rx_get_rows_f32", "pppi")(((n_in + 255) // 256, n_c, 1), 256, x.ptr, idx.ptr + 4 * c,
@@ -908,22 +923,18 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
             y = self._f32(self.matmul(gathered[a:b], view), "expert product")  # (b - a, n_out)
             self.ctx.d2d(Y.ptr + a * row_bytes, y.ptr, (b - a) * row_bytes)
             a = b
-        inv = np.empty(T * K, dtype=np.int64)
-        inv[order] = np.arange(T * K)                              # slot s -> its row in Y
-        pos = self._ints(inv)
         if weights is None:   # out[t, k] = Y[pos[t*K + k]]: one row gather
             out = self.empty((T, K, n_out))
             for c in range(0, T * K, 65535):
                 n_c = min(65535, T * K - c)
-                self.k("rx_get_rows_f32", "pppi")(((n_out + 255) // 256, n_c, 1), 256, Y.ptr, pos.ptr + 4 * c,
+                self.k("rx_get_rows_f32", "pppi")(((n_out + 255) // 256, n_c, 1), 256, Y.ptr, pos_ptr + 4 * c,
                                                   out.ptr + c * row_bytes, n_out)
         else:                 # out[t] = sum_k weight[t, k] * Y[pos[t*K + k]] (kernels/moe.cu)
-            wt = self.upload(np.asarray(weights, dtype=np.float32).reshape(T * K))
             out = self.empty((T, n_out))
             for c in range(0, T, 65535):
                 n_c = min(65535, T - c)
-                self.k("rx_moe_combine", "ppppiii")(((n_out + 255) // 256, n_c, 1), 256, Y.ptr, pos.ptr + 4 * c * K,
-                                                    wt.ptr + 4 * c * K, out.ptr + c * row_bytes, n_c, K, n_out)
+                self.k("rx_moe_combine", "ppppiii")(((n_out + 255) // 256, n_c, 1), 256, Y.ptr, pos_ptr + 4 * c * K,
+                                                    wt_ptr + 4 * c * K, out.ptr + c * row_bytes, n_c, K, n_out)
         del idx, gathered
         return out
 
