@@ -88,6 +88,9 @@ def _embedder_for(args, index=None):
         spec = index.identity["name"]
         if spec.startswith("hf:"):
             raise ModelNotFound(f"index was built with reference embedder {spec}; pass --embed-model")
+        path = index.manifest.get("embedding_path")
+        if path and os.path.isfile(path):   # the file ingest used (identity is checked after loading)
+            spec = path
     return E.load_embedder(spec or E.DEFAULT_EMBED_MODEL, backend=args.backend)
 
 

@@ -223,6 +223,10 @@ def _ingest_locked(files, roots, idir, old, embedder, chunk_tokens, overlap, fla
     manifest = {
         "format": ix.FORMAT,
         "embedding": embedder.identity,
+        # where the embedding GGUF was: ask/query reuse it when the name is not in the model store
+        # (its sha256 is still checked against "embedding")
+        "embedding_path": (str(Path(embedder.engine.path).resolve()) if getattr(embedder, "engine", None)
+                           is not None else None),
         "chunking": params,
         "index": {"type": kind, "metric": "inner_product", "normalized": True, "flat_max": flat_max,
                   **({"m": ix.HNSW_M, "ef_construction": ix.HNSW_EF_CONSTRUCTION,

@@ -144,13 +144,16 @@ def test_kv_from_test_reads_the_test_cache():
 
 @pytest.mark.skipif(not (os.path.exists(GEMMA4) and os.path.exists(os.path.join(FIX, "qwen3.gguf"))),
                     reason="fixture missing")
-def test_sensitivity_shows_gemma4_fixture_amplifies_float16_kv():
+def test_sensitivity_guards_fixture_conditioning():
+    """--sensitivity's rows are measured (finite, nonzero), and the regenerated gemma4 fixture
+    (scripts/make_fixtures.py _gemma4_conditioning) stays testable through a float16 KV cache:
+    its logits move < 5e-3 of max |logit| under float16 KV storage (the old fixture: 9.0e-3),
+    within the GPU runner's LOGIT_REL; qwen3's fixture likewise."""
     g = backend_diff.sensitivity(GEMMA4, IDS, 1e-4, out=io.StringIO())
     q = backend_diff.sensitivity(os.path.join(FIX, "qwen3.gguf"), IDS, 1e-4, out=io.StringIO())
     assert set(g) == set(backend_diff.SENSITIVITY_OPS) | {"float16 KV"}
     assert all(np.isfinite(v) for v in g.values()) and g["matmul"] > 0
-    # the same float16 KV storage moves gemma4's fixture's logits far more than qwen3's (issue 8)
-    assert g["float16 KV"] > 3 * q["float16 KV"] and g["float16 KV"] > 1e-3
+    assert 0 < g["float16 KV"] < 5e-3 and 0 < q["float16 KV"] < 5e-3, (g["float16 KV"], q["float16 KV"])
 
 
 @_GPU
