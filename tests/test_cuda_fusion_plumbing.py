@@ -8,7 +8,6 @@ test_cuda_model.py do that on a GPU); this runs in CI without one. Needs the smo
 """
 import ctypes
 import importlib
-import os
 
 import numpy as np
 import pytest
@@ -223,22 +222,6 @@ def fake_device():
     yield ctx
     drv.get = real
     MEM = None
-
-
-@pytest.fixture(scope="module")
-def vocab(tmp_path_factory):
-    p = os.environ.get("REFLEX_VOCAB_GGUF")
-    if p and os.path.exists(p):
-        return p
-    from reflex.store import resolve
-    try:
-        real = resolve("smollm2")
-    except Exception:
-        pytest.skip("no vocab GGUF (set REFLEX_VOCAB_GGUF) and no smollm2 in the store")
-    from reflex.synth import synthesize
-    out = tmp_path_factory.mktemp("vocab") / "vocab.gguf"
-    synthesize(real, out, vocab_only=True)
-    return str(out)
 
 
 def _load(path, b):

@@ -39,22 +39,6 @@ CASES = [("llama", "smollm2-135m", TINY), ("llama", "smollm2-135m", None),
 REPORT = os.environ.get("REFLEX_PARITY_REPORT")
 
 
-@pytest.fixture(scope="module")
-def vocab(tmp_path_factory):
-    p = os.environ.get("REFLEX_VOCAB_GGUF")
-    if p and os.path.exists(p):
-        return p
-    from reflex.store import resolve
-    try:
-        real = resolve("smollm2")
-    except Exception:
-        pytest.skip("no vocab GGUF (set REFLEX_VOCAB_GGUF) and no smollm2 in the store")
-    from reflex.synth import synthesize
-    out = tmp_path_factory.mktemp("vocab") / "vocab.gguf"
-    synthesize(real, out, vocab_only=True)
-    return str(out)
-
-
 def _load(path, backend):
     from reflex.gguf import GGUFFile
     f = GGUFFile(path)

@@ -72,13 +72,7 @@ def test_cuda_reference_parity(name, i):
     model = _model(name)
     d = case["logits"]
     ours = runner._rows_logits(model, case["prompt_ids"], d["rows"])     # (R, n_vocab)
-    probe = np.array(ref["probe_ids"], dtype=np.int64)
-    err = 0.0
-    for r in range(len(d["rows"])):
-        err = max(err, np.max(np.abs(ours[r, d["top_ids"][r]] - np.array(d["top_values"][r]))))
-        if len(probe) and d["probe_values"][r]:
-            err = max(err, np.max(np.abs(ours[r, probe] - np.array(d["probe_values"][r]))))
-    rel = err / max(d["max_abs"])
+    rel = runner._recorded_rel_err(ref, case, ours)
     assert rel < LOGIT_REL, f"{name}: prompt logits rel err {rel:.2e} on the GPU"
     want = case["greedy_ids"]
     got = runner._greedy(model, case["prompt_ids"], len(want))          # forward() per step

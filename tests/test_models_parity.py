@@ -104,6 +104,21 @@ def _rows_logits(model, ids, rows):
     return b.to_numpy(head(h[rows]) if callable(head) else b.matmul(h[rows], model.output))
 
 
+def _recorded_rel_err(ref, case, ours, max_abs=False) -> float:
+    """Largest |ours - recorded| over each recorded row's top ids and the probe ids (and, with
+    max_abs, the row's max |logit|), relative to the largest recorded |logit|."""
+    d = case["logits"]
+    probe = np.array(ref["probe_ids"], dtype=np.int64)
+    err = 0.0
+    for r in range(len(d["rows"])):
+        err = max(err, np.max(np.abs(ours[r, d["top_ids"][r]] - np.array(d["top_values"][r]))))
+        if len(probe) and d["probe_values"][r]:
+            err = max(err, np.max(np.abs(ours[r, probe] - np.array(d["probe_values"][r]))))
+        if max_abs:
+            err = max(err, abs(np.abs(ours[r]).max() - d["max_abs"][r]))
+    return err / max(d["max_abs"])
+
+
 def _greedy(model, ids, n_new):
     cache = model.new_cache(len(ids) + n_new)
     lg = model.forward(ids, cache, last_only=True)
@@ -123,15 +138,7 @@ def test_reference_parity(name, i):
     d = case["logits"]
     assert model.n_vocab == d["n_vocab"]
     ours = _rows_logits(model, case["prompt_ids"], d["rows"])         # (R, n_vocab)
-    probe = np.array(ref["probe_ids"], dtype=np.int64)
-    scale = max(d["max_abs"])
-    err = 0.0
-    for r in range(len(d["rows"])):
-        err = max(err, np.max(np.abs(ours[r, d["top_ids"][r]] - np.array(d["top_values"][r]))))
-        if len(probe) and d["probe_values"][r]:
-            err = max(err, np.max(np.abs(ours[r, probe] - np.array(d["probe_values"][r]))))
-        err = max(err, abs(np.abs(ours[r]).max() - d["max_abs"][r]))
-    rel = err / scale
+    rel = _recorded_rel_err(ref, case, ours, max_abs=True)
     assert rel < 1e-3, f"prompt logits rel err {rel:.2e}"
     out = _greedy(model, case["prompt_ids"], len(case["greedy_ids"]))
     assert out == case["greedy_ids"], (

@@ -67,6 +67,26 @@ def test_query_finds_the_right_document(test_index):
 
 
 @needs_minilm
+def test_query_uses_the_ingested_embedding_file(tmp_path):
+    """An index built from an embedding GGUF outside the model store (a path, e.g. a volume)
+    is queried without --embed-model: the manifest's embedding_path is used."""
+    import shutil
+    gguf = tmp_path / "my-embedder.gguf"
+    shutil.copy(resolve("minilm"), gguf)
+    d = tmp_path / "idx"
+    rc, out, err = rag("ingest", str(DOCS), "--index", "p", "--indexes-dir", str(d), "--embed-model",
+                       str(gguf), "--json")
+    assert rc == 0, err
+    rc, out, err = rag("query", "How is tide height measured?", "--index", "p", "--indexes-dir", str(d),
+                       "-k", "1", "--json")
+    assert rc == 0, err
+    assert Path(json.loads(out)["hits"][0]["source"]).name == "page.html"
+    gguf.unlink()   # gone: the recorded name is not in the store either -> a clear model_not_found
+    rc, out, err = rag("query", "tide", "--index", "p", "--indexes-dir", str(d), "--json")
+    assert rc != 0 and "model_not_found" in out + err
+
+
+@needs_minilm
 def test_query_with_another_model_is_refused(test_index, tmp_path):
     if not _have("smollm2"):
         pytest.skip("smollm2 not fetched")
