@@ -8,6 +8,8 @@ tokens identical or a first divergence that is a near-tie within LOGIT_REL x max
 that fails here amplifies float16 KV rounding beyond the GPU tolerance (issue 8: gemma4's old
 n_embd-8 fixture moved its logits by up to 0.28 of max|logit|), so CI guards every fixture's
 conditioning without a GPU. Real models are skipped when not in $REFLEX_MODELS.
+test_qwen3moe_routing_margins guards the MoE fixture's routing: every recorded top-k decision stays
+clear of the float16 cache's movement of its router logits.
 """
 import importlib.util
 import os
@@ -41,13 +43,10 @@ def _model(name):
     return _MODEL[name]
 
 
-# known to fail, with the measured reason; strict, so a fixed fixture turns them into failures to clean up
-KNOWN = {
-    # qwen3moe's fixture (n_embd 8, 8 experts top-2): prompt logits 5.7e-4, but greedy diverges at step
-    # 16 by 9.0e-2 > 1.37e-2 (not a near-tie): the float16 cache flips a routing decision earlier on.
-    # Its fixture needs the same reconditioning as gemma4's (issue 8), which this change does not touch.
-    ("qwen3moe", 1): "qwen3moe fixture: float16 KV flips greedy at step 16 (gap 9e-2), issue 8",
-}
+# known to fail, with the measured reason; strict, so a fixed fixture turns them into failures to clean up.
+# Empty: qwen3moe's fixture flipped a top-2 routing decision under the float16 cache (greedy diverged
+# at step 16 by 9.0e-2) until make_fixtures.py's _qwen3moe_conditioning (issue 8)
+KNOWN = {}
 
 
 def _params():
@@ -76,3 +75,54 @@ def test_kv_f16_reference_parity(name, i):
     want = case["greedy_ids"]
     got = runner._greedy(model, case["prompt_ids"], len(want))
     gpu._check_greedy(model, name, "forward() kv_f16", case["prompt_ids"], want, got)
+
+
+# A top-k routing decision is a discontinuity: a float16 cache need not amplify anything to flip one,
+# it only has to move the router logits by more than the k-th / (k+1)-th margin (issue 8: qwen3moe's
+# old fixture flipped one of margin 2.7e-4, and greedy diverged 12 steps later). The greedy check above
+# passes or fails on NumPy's rounding; the GPU's K/V differ from NumPy's by float32 ulps, which round to
+# float16 differently now and then, so each recorded decision keeps ROUTE_HEADROOM x its NumPy movement.
+ROUTE_HEADROOM = 4.0
+
+
+@pytest.mark.skipif(not os.path.exists(runner.CASES["qwen3moe"][0]), reason="qwen3moe fixture not found")
+def test_qwen3moe_routing_margins(monkeypatch):
+    import numpy as np
+
+    from reflex.backends.numpy_backend import NumpyBackend
+    from reflex.models import load_model, qwen3moe
+
+    logits = []
+    route = qwen3moe.FFN.route
+
+    def recording_route(self, b, x):
+        logits.append(b.to_numpy(b.matmul(x, self.w_router)).astype(np.float64))  # (T, n_expert)
+        return route(self, b, x)
+
+    monkeypatch.setattr(qwen3moe.FFN, "route", recording_route)
+    ref = runner._ref("qwen3moe")
+    models = {f16: load_model(runner.CASES["qwen3moe"][0], NumpyBackend(kv_f16=f16)) for f16 in (False, True)}
+    K = models[False].hp.n_expert_used
+    n_layer = models[False].hp.n_layer
+    worst = (np.inf, None)
+    for i, case in enumerate(ref["cases"]):
+        runs = {}
+        for f16, model in models.items():  # teacher-forced on transformers' greedy tokens
+            logits.clear()
+            cache = model.new_cache(len(case["prompt_ids"]) + len(case["greedy_ids"]))
+            model.forward(case["prompt_ids"], cache, last_only=True)
+            for t in case["greedy_ids"][:-1]:
+                model.forward([t], cache)
+            runs[f16] = list(logits)
+        assert len(runs[False]) == len(runs[True]) == n_layer * len(case["greedy_ids"])
+        for call, (a, b) in enumerate(zip(runs[False], runs[True])):       # each (T, n_expert)
+            s = -np.sort(-a, axis=-1)
+            margin = s[:, K - 1] - s[:, K]                                 # (T,)
+            moved = np.abs(b - a).max(axis=-1)                             # (T,)
+            ratio = margin / np.maximum(moved, 1e-30)
+            t = int(np.argmin(ratio))
+            if ratio[t] < worst[0]:
+                worst = (float(ratio[t]), f"case {i}, forward {call // n_layer}, layer {call % n_layer}, "
+                         f"row {t}: margin {margin[t]:.2e}, float16 KV moves the router logits {moved[t]:.2e}")
+    print(f"qwen3moe: smallest top-{K} router margin / float16-KV movement {worst[0]:.1f} ({worst[1]})")
+    assert worst[0] >= ROUTE_HEADROOM, f"qwen3moe routing near-tie under a float16 KV cache: {worst[1]}"
