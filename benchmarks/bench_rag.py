@@ -37,12 +37,15 @@ OFF_TOPIC = ["What is a good recipe for banana bread?", "Who won the football wo
              "What causes the northern lights?", "Which whales sing the longest songs?"]
 
 
-def ensure_index(idir: str, name: str = "pydoc", backend: str = "numpy") -> None:
+def ensure_index(idir: str, name: str = "pydoc", backend: str = "numpy", corpus: Path = CORPUS,
+                 embed_model: str | None = None) -> None:
     from rag.index import Index
 
     spec = json.loads(QUESTIONS.read_text())
-    cmd = [sys.executable, "-m", "rag.cli", "ingest", str(CORPUS), "--index", name,
+    cmd = [sys.executable, "-m", "rag.cli", "ingest", str(corpus), "--index", name,
            "--indexes-dir", idir, "--backend", backend, "--json", "--quiet"]
+    if embed_model:
+        cmd += ["--embed-model", embed_model]
     for g in spec["include"]:
         cmd += ["--include", g]
     t = time.perf_counter()
@@ -227,13 +230,17 @@ ASK_STAGES = ["launch_to_main_s", "import_s", "import_faiss_s", "open_index_s", 
 def ask(args):
     """`reflex-rag ask --json` in fresh processes (cold start each time; file cache warm after the
     first): p50/p95 per stage over runs x questions, plus the wall time seen from outside."""
-    ensure_index(args.indexes_dir, backend=args.backend)
+    ensure_index(args.indexes_dir, backend=args.backend, corpus=args.corpus, embed_model=args.embed_model)
     rows, walls = [], []
     for rep in range(args.runs):
         for q in ASK_QUESTIONS:
             cmd = [sys.executable, "-m", "rag.cli", "ask", q, "--index", "pydoc", "--indexes-dir",
                    args.indexes_dir, "--backend", args.backend, "-k", str(args.k), "--max-tokens",
                    str(args.max_tokens), "--json"]
+            if args.chat_model:
+                cmd += ["--chat-model", args.chat_model]
+            if args.min_score is not None:
+                cmd += ["--min-score", str(args.min_score)]
             t = time.perf_counter()
             out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             walls.append(time.perf_counter() - t)
@@ -271,9 +278,17 @@ def main():
     ap.add_argument("--runs", type=int, default=2, help="ask: repeats of the 3 questions")
     ap.add_argument("-k", type=int, default=3, help="ask: sources")
     ap.add_argument("--max-tokens", type=int, default=64, help="ask: answer length cap")
+    # the device has no python3-doc and the real models do not travel: there `ask` runs over a copy
+    # of the eval pages (--corpus) with synthetic models of the real shapes (random weights, real
+    # tokenizers): the stage timings are the real ones, the answers are noise (--min-score -1 keeps
+    # random-weight retrieval from being refused as unrelated)
+    ap.add_argument("--corpus", type=Path, default=CORPUS, help="ask: document folder (recall always reads python3-doc)")
+    ap.add_argument("--embed-model", help="ask: embedding model for ingest (default minilm)")
+    ap.add_argument("--chat-model", help="ask: chat model (default smollm2)")
+    ap.add_argument("--min-score", type=float, help="ask: passed to reflex-rag ask")
     args = ap.parse_args()
-    if args.what != "latency" and not CORPUS.is_dir():
-        sys.exit(f"{CORPUS} missing: apt-get install python3-doc")
+    if args.what != "latency" and not args.corpus.is_dir():
+        sys.exit(f"{args.corpus} missing: apt-get install python3-doc")
     {"recall": recall, "latency": latency, "scores": scores, "ask": ask}[args.what](args)
 
 
