@@ -439,3 +439,88 @@ def test_fused_norm_rope_kv_norm_modes(gb, nb):
             assert not got_k[:start].any() and not got_k[start + T:].any() and not got_v[start + T:].any()
     finally:
         gb.fuse = old
+
+
+@pytest.mark.parametrize("tname", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("n_in", [256, 1024, 3072, 4096 + 256])
+def test_matvec_lane_layouts(gb, tname, n_in):
+    """The per-type lane layouts of kernels/matvec.cu (MV<T>: wide aligned loads, scales decoded
+    once per block) through all five kernel forms -- rx_matvec (fuse 0), rx_matvec3 (three
+    products of one x), rx_matvec_glu (gate/up/SwiGLU), rx_matvec3n / rx_matvec_glun (add +
+    RMSNorm folded in, fuse 3) -- with output counts that are not multiples of 4, T = 1 and 3, and
+    a weight whose rows start off the fast path's alignment (the generic fallback, and for the
+    2-byte-aligned layouts a first block straddling a 32-bit word). Each result against the
+    float64 product of the NumPy dequantization (reflex.quants), relative error <= 1e-5."""
+    from reflex.backends.cuda_backend import QWeight
+    from reflex.quants import dequantize
+    t = TYPES[tname]
+    sfx = tname.lower()
+    rng = np.random.default_rng([41, t, n_in])
+    n3 = (130, 66, 35)                       # Q, K, V row counts (none a multiple of 4)
+    n_glu = 203
+    shp = {"q": (n3[0], n_in), "k": (n3[1], n_in), "v": (n3[2], n_in), "g": (n_glu, n_in), "u": (n_glu, n_in)}
+    raws = {n: random_tensor_bytes(t, *shp[n], rng) for n in shp}
+    R = {n: dequantize(raws[n], t, shp[n]).astype(np.float64) for n in shp}
+    silu = lambda z: z / (1.0 + np.exp(-z))  # noqa: E731
+
+    names = []
+    orig, old = gb.k, gb.fuse
+    gb.k = lambda name, sig: (names.append(name), orig(name, sig))[1]
+    try:
+        W = {n: gb.prepare_weight(raws[n], t, shp[n]) for n in shp}
+        for T in (1, 3):
+            x = rng.standard_normal((T, n_in)).astype(np.float32)
+            x64 = x.astype(np.float64)
+            # plain rx_matvec
+            gb.fuse = 0
+            names.clear()
+            got = gb.to_numpy(gb.matmul(gb.upload(x), W["q"]))
+            assert "rx_matvec_" + sfx in names
+            assert rel(got, x64 @ R["q"].T) <= 1e-5, ("matvec", T)
+            # rx_matvec3: Q, K, V of one x in one launch
+            gb.fuse = 1
+            names.clear()
+            gx = gb.upload(x)
+            ys = [gb.matmul(gx, W[n]) for n in "qkv"]
+            got = [gb.to_numpy(y) for y in ys]
+            assert names.count("rx_matvec3_" + sfx) == 1, names
+            for n, g in zip("qkv", got):
+                assert rel(g, x64 @ R[n].T) <= 1e-5, ("matvec3", n, T)
+            # rx_matvec_glu: silu(gate) * up
+            names.clear()
+            got = gb.to_numpy(gb.swiglu(gb.matmul(gx, W["g"]), gb.matmul(gx, W["u"])))
+            assert "rx_matvec_glu_" + sfx in names, names
+            assert rel(got, silu(x64 @ R["g"].T) * (x64 @ R["u"].T)) <= 1e-5, ("glu", T)
+            # rx_matvec3n / rx_matvec_glun: x = rms_norm(x + r) * nw rebuilt in shared memory
+            r = rng.standard_normal((T, n_in)).astype(np.float32)
+            nw = rng.standard_normal(n_in).astype(np.float32)
+            s64 = x64 + r.astype(np.float64)
+            h64 = s64 / np.sqrt((s64 * s64).mean(-1, keepdims=True) + 1e-6) * nw
+            gb.fuse = 3
+            names.clear()
+            h = gb.rms_norm(gb.add(gb.upload(x), gb.upload(r)), gb.upload(nw), 1e-6)
+            ys = [gb.matmul(h, W[n]) for n in "qkv"]
+            got = [gb.to_numpy(y) for y in ys]
+            assert "rx_matvec3n_" + sfx in names, names
+            for n, g in zip("qkv", got):
+                assert rel(g, h64 @ R[n].T) <= 1e-5, ("matvec3n", n, T)
+            names.clear()
+            h = gb.rms_norm(gb.add(gb.upload(x), gb.upload(r)), gb.upload(nw), 1e-6)
+            got = gb.to_numpy(gb.swiglu(gb.matmul(h, W["g"]), gb.matmul(h, W["u"])))
+            assert "rx_matvec_glun_" + sfx in names, names
+            assert rel(got, silu(h64 @ R["g"].T) * (h64 @ R["u"].T)) <= 1e-5, ("glun", T)
+        # rows off the fast path's alignment: the same bytes `off` bytes into an allocation
+        gb.fuse = 0
+        raw = raws["g"]
+        for off in (2, 4):
+            ptr = gb.ctx.malloc_raw(raw.size + 16)
+            buf = np.ascontiguousarray(raw)
+            gb.ctx.h2d(ptr + off, buf.ctypes.data, raw.size)
+            gb.ctx.synchronize()
+            wv = QWeight(ptr + off, t, shp["g"], raw.size)
+            x = rng.standard_normal((1, n_in)).astype(np.float32)
+            got = gb.to_numpy(gb.matmul(gb.upload(x), wv))
+            assert rel(got, x.astype(np.float64) @ R["g"].T) <= 1e-5, ("offset", off)
+    finally:
+        gb.fuse = old
+        del gb.k
