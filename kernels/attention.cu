@@ -19,6 +19,8 @@
 //   n_split == 1: o (T, n_head, d) is written directly. Otherwise every split writes
 //   part[(th * n_split + s) * (d + 2)] = (m, l, acc[0..d)) and rx_attn_combine merges them.
 // rx_attn_combine(part, o, n_split, d): grid T * n_head, 128 threads.
+// rx_attention_dec_<v>: the decode step (T = 1, no mask), GQA-grouped and warp-per-key; see its
+//   section below. The backend uses it for every T = 1 attention without a mask.
 #include "common.cuh"
 
 #define ATT_THREADS 128
@@ -173,3 +175,272 @@ RX_EXTERN void rx_attn_combine(const float* part, float* o, int n_split, int d) 
         o[(long)th * d + i] = a * inv;
     }
 }
+
+// ---- decode (T = 1): rx_attention_dec_<v> --------------------------------------------------------
+// rx_attention_dec_<v>(q, k, v, o, part, cnt, n_head, n_head_kv, d, gb, n_past, n_past_dyn, scale,
+//                      window, min_chunk):
+//   the one query of a decode step (slot n_past = *n_past_dyn when given) against the f16 cache:
+//   visible keys j in [j_beg, n_past] with j_beg = max(0, n_past - window + 1) when window > 0, else
+//   0 (T = 1 needs no mask and causal / non-causal coincide). q (1, n_head, d) and o (1, n_head, d)
+//   float32; k, v (n_ctx, n_head_kv, d) halves, row stride n_head_kv * d.
+//   Launch: grid (n_head_kv * n_grp, Y), 256 threads = 8 warps. Block x serves kv head x / n_grp and
+//   query heads [h0, h0 + ng) of its group of G = n_head / n_head_kv (gb heads per block, the last
+//   group may be smaller; gb <= GMAX of the variant), so every K/V row is read once for all the
+//   query heads that share it (GQA) instead of once per query head.
+//   Splits: the visible keys are cut at run time (n_past may come from device memory in a captured
+//   graph) into ns = min(Y, ceil(n_vis / min_chunk)) splits of `chunk` keys (a multiple of 32);
+//   blocks with blockIdx.y >= ns exit at once. So a graph captured with Y from n_ctx replays
+//   correctly at any position, and short contexts do not pay for empty splits beyond one launch.
+//   Splitting is kept for long contexts only (min_chunk keys per split at least): on the H200 a
+//   cross-block merge costs ~2 us (fence, atomic, one L2 round trip), a 64-key step of the 8 warps
+//   ~0.9 us, so 8 warps per block rather than 4 and splits of >= 64 keys.
+//   Inside a block warp w takes keys j0 + w*U .. + U - 1, then + 8U ...: the U key and value rows
+//   are loaded together, and the next U rows are loaded before this step's arithmetic (software
+//   pipeline: 4 * U loads in flight per lane), lanes split head_dim so each row is one
+//   coalesced warp read: lane owns halves (i*32 + lane)*VEC .. + VEC - 1 for i < NV
+//   (d = 64: 4 B per lane, d = 128: 8 B, d = 256: 16 B, d = 512: 2 x 16 B; the generic variants
+//   take any even d with 4 B per lane and bounds checks). Scores: warp-shuffle sums; online
+//   softmax per warp (m, l, acc in registers, base 2: q is pre-scaled by scale * log2(e)), warps
+//   merged through shared memory at the end.
+//   ns == 1: o written directly. ns > 1: each split writes part[(h * Y + s) * (d + 2)] = (m, l,
+//   acc[0..d)) and bumps cnt[blockIdx.x]; the block that brings it to ns merges the ns partials
+//   into o (one pass over the splits, online rescaling) and puts the counter back to 0. That saves
+//   the rx_attn_combine launch (a dependent launch costs more than the merge, which reads a few
+//   KB from L2); splits that saw no key cannot occur (every active split holds >= 1 visible key,
+//   inactive ones never touch part or cnt). The reset by the last block
+//   keeps the counter valid for the next layer and for every replay of a captured graph (launches
+//   of one stream never overlap). cnt holds >= gridDim.x zeroed unsigned ints owned by the backend.
+#define DEC_WARPS 8
+
+template <int VEC> struct RxHalfVec;
+template <> struct RxHalfVec<2> { typedef unsigned int T; };
+template <> struct RxHalfVec<4> { typedef uint2 T; };
+template <> struct RxHalfVec<8> { typedef uint4 T; };
+
+template <int VEC, int NV, bool EXACT>
+__device__ __forceinline__ void rx_att_dec(const float* __restrict__ q, const __half* __restrict__ k,
+                                           const __half* __restrict__ v, float* __restrict__ o,
+                                           float* __restrict__ part, unsigned* __restrict__ cnt, int n_head,
+                                           int n_head_kv, int d, int gb, int n_past_imm, const int* n_past_dyn,
+                                           float scale, int window, int min_chunk) {
+    typedef typename RxHalfVec<VEC>::T HV;
+    constexpr int DPL = VEC * NV;                            // dims per lane
+    constexpr int GMAX = DPL <= 2 ? 8 : 16 / DPL;            // query heads per block (q + acc registers)
+    constexpr int U = DPL <= 4 ? 8 : (DPL <= 8 ? 4 : 2);     // keys per warp step (K/V registers)
+    constexpr int DP = 32 * DPL;                             // >= d: per-head stride of s_acc
+    __shared__ float s_m[DEC_WARPS][GMAX], s_l[DEC_WARPS][GMAX];
+    __shared__ float s_acc[DEC_WARPS][GMAX * DP];
+    __shared__ int s_last;
+    // the host sizes gb and the block from the same tables; never drop heads or warps silently
+    if (gb > GMAX || gb < 1 || blockDim.x != DEC_WARPS * 32) __trap();
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int G = n_head / n_head_kv;
+    const int n_grp = (G + gb - 1) / gb;
+    const int kvh = blockIdx.x / n_grp, grp = blockIdx.x % n_grp;
+    const int h0 = kvh * G + grp * gb;
+    const int ng = min(gb, G - grp * gb);
+    // q first: its loads need not wait for n_past (a device read when captured)
+    const float qscale = scale * 1.4426950408889634f;  // exp(x) = exp2(x * log2 e)
+    float qr[GMAX][DPL], acc[GMAX][DPL], m[GMAX], l[GMAX];
+#pragma unroll
+    for (int g = 0; g < GMAX; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.f;
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const int off = (i * 32 + lane) * VEC;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                acc[g][i * VEC + e] = 0.f;
+                qr[g][i * VEC + e] = (g < ng && (EXACT || off < d)) ? q[(long)(h0 + g) * d + off + e] * qscale : 0.f;
+            }
+        }
+    }
+    const int n_past = rx_dyn(n_past_imm, n_past_dyn);
+    const int j_end = n_past + 1;
+    const int j_beg = window > 0 ? max(0, n_past - window + 1) : 0;
+    const int n_vis = j_end - j_beg;  // >= 1: the query's own key
+    const int Y = gridDim.y;
+    int ns = min(Y, (n_vis + min_chunk - 1) / min_chunk);
+    const int chunk = ((n_vis + ns - 1) / ns + 31) & ~31;
+    ns = (n_vis + chunk - 1) / chunk;  // rounding chunk up can only lower ns
+    const int split = blockIdx.y;
+    if (split >= ns) return;  // whole block: before any barrier; never counted in cnt
+    const int j_lo = j_beg + split * chunk, j_hi = min(j_end, j_lo + chunk);
+
+    const long kv_row = (long)n_head_kv * d;
+    const __half* kb = k + (long)kvh * d;
+    const __half* vb = v + (long)kvh * d;
+    // U rows of K and V for keys j0 .. j0 + U - 1 (rows past j_hi load the last visible row and get
+    // weight 0 below, so no load is ever out of bounds)
+    auto load = [&](int j0, HV (&kr)[U][NV], HV (&vr)[U][NV]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const long row = (long)min(j0 + u, j_hi - 1) * kv_row;
+#pragma unroll
+            for (int i = 0; i < NV; i++) {
+                const int off = (i * 32 + lane) * VEC;
+                if (EXACT || off < d) {
+                    kr[u][i] = *reinterpret_cast<const HV*>(kb + row + off);
+                    vr[u][i] = *reinterpret_cast<const HV*>(vb + row + off);
+                } else {
+                    kr[u][i] = HV();
+                    vr[u][i] = HV();
+                }
+            }
+        }
+    };
+    // software pipeline: the next U rows are in flight while this step computes (one warp step is
+    // otherwise a full memory round trip of idle time; measured ~1.5 us per step on the H200)
+    HV kr[U][NV], vr[U][NV];
+    int j0 = j_lo + w * U;
+    if (j0 < j_hi) load(j0, kr, vr);
+    for (; j0 < j_hi; j0 += DEC_WARPS * U) {
+        HV kn[U][NV], vn[U][NV];
+        const int jn = j0 + DEC_WARPS * U;
+        if (jn < j_hi) load(jn, kn, vn);
+#pragma unroll
+        for (int g = 0; g < GMAX; g++) {
+            if (g >= ng) break;
+            float s[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float a = 0.f;
+#pragma unroll
+                for (int i = 0; i < NV; i++) {
+                    const __half2* hp = reinterpret_cast<const __half2*>(&kr[u][i]);
+#pragma unroll
+                    for (int e = 0; e < VEC / 2; e++) {
+                        float2 kk = __half22float2(hp[e]);
+                        a += qr[g][i * VEC + 2 * e] * kk.x + qr[g][i * VEC + 2 * e + 1] * kk.y;
+                    }
+                }
+                s[u] = a;
+            }
+#pragma unroll
+            for (int sh = 16; sh > 0; sh >>= 1) {
+#pragma unroll
+                for (int u = 0; u < U; u++) s[u] += __shfl_xor_sync(0xffffffffu, s[u], sh);
+            }
+            float mx = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (j0 + u >= j_hi) s[u] = -INFINITY;
+                mx = fmaxf(mx, s[u]);
+            }
+            const float m_new = fmaxf(m[g], mx);  // finite: key j0 < j_hi is visible
+            const float corr = exp2f(m[g] - m_new);  // 0 on the first step (m = -inf)
+            float ps = 0.f;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                s[u] = exp2f(s[u] - m_new);  // -inf -> 0
+                ps += s[u];
+            }
+            l[g] = l[g] * corr + ps;
+            m[g] = m_new;
+#pragma unroll
+            for (int i = 0; i < NV; i++) {
+#pragma unroll
+                for (int e = 0; e < VEC / 2; e++) {
+                    float a0 = acc[g][i * VEC + 2 * e] * corr, a1 = acc[g][i * VEC + 2 * e + 1] * corr;
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        float2 vv = __half22float2(reinterpret_cast<const __half2*>(&vr[u][i])[e]);
+                        a0 += s[u] * vv.x;
+                        a1 += s[u] * vv.y;
+                    }
+                    acc[g][i * VEC + 2 * e] = a0;
+                    acc[g][i * VEC + 2 * e + 1] = a1;
+                }
+            }
+        }
+        if (jn < j_hi) {
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int i = 0; i < NV; i++) { kr[u][i] = kn[u][i]; vr[u][i] = vn[u][i]; }
+        }
+    }
+
+    // merge the warps (a warp that got no key has m = -inf, l = 0, acc = 0)
+#pragma unroll
+    for (int g = 0; g < GMAX; g++) {
+        if (g >= ng) break;
+        if (lane == 0) { s_m[w][g] = m[g]; s_l[w][g] = l[g]; }
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const int off = (i * 32 + lane) * VEC;
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                if (EXACT || off < d) s_acc[w][g * DP + off + e] = acc[g][i * VEC + e];
+        }
+    }
+    __syncthreads();
+    for (int x = threadIdx.x; x < ng * d; x += blockDim.x) {
+        const int g = x / d, i = x - g * d;
+        float M = -INFINITY;
+#pragma unroll
+        for (int ww = 0; ww < DEC_WARPS; ww++) M = fmaxf(M, s_m[ww][g]);
+        float L = 0.f, A = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < DEC_WARPS; ww++) {
+            const float mw = s_m[ww][g];
+            const float f = mw == -INFINITY ? 0.f : exp2f(mw - M);
+            L += s_l[ww][g] * f;
+            A += s_acc[ww][g * DP + i] * f;
+        }
+        if (ns == 1) {
+            o[(long)(h0 + g) * d + i] = A / L;  // L >= 1: the maximum's own term
+        } else {
+            float* pr = part + ((long)(h0 + g) * Y + split) * (d + 2);
+            pr[2 + i] = A;
+            if (i == 0) { pr[0] = M; pr[1] = L; }
+        }
+    }
+    if (ns == 1) return;
+
+    // the last split of this block's heads to finish merges all ns (threadFenceReduction pattern)
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(&cnt[blockIdx.x], 1u) == (unsigned)(ns - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    // one pass over the splits, rescaling as the maximum grows: m, l and acc of a split are read
+    // together, so the merge costs one L2 round trip, not two. __ldcg: the partials of other
+    // blocks were written through L2; never read them from L1
+    for (int x = threadIdx.x; x < ng * d; x += blockDim.x) {
+        const int g = x / d, i = x - g * d;
+        const float* pr = part + (long)(h0 + g) * Y * (d + 2);
+        float M = -INFINITY, L = 0.f, A = 0.f;
+#pragma unroll 4
+        for (int sp = 0; sp < ns; sp++) {
+            const float ms = __ldcg(pr + (long)sp * (d + 2)), ls = __ldcg(pr + (long)sp * (d + 2) + 1);
+            const float as = __ldcg(pr + (long)sp * (d + 2) + 2 + i);
+            const float M2 = fmaxf(M, ms);  // every active split saw >= 1 key: ms is finite
+            const float f = exp2f(M - M2), e = exp2f(ms - M2);  // f = 0 on the first split
+            L = L * f + ls * e;
+            A = A * f + as * e;
+            M = M2;
+        }
+        o[(long)(h0 + g) * d + i] = A / L;
+    }
+    if (threadIdx.x == 0) cnt[blockIdx.x] = 0u;
+}
+
+#define RX_ATT_DEC(name, VEC, NV, EXACT)                                                                     \
+    RX_EXTERN void __launch_bounds__(DEC_WARPS * 32) name(                                                    \
+        const float* q, const __half* k, const __half* v, float* o, float* part, unsigned* cnt, int n_head, \
+        int n_head_kv, int d, int gb, int n_past, const int* n_past_dyn, float scale, int window,            \
+        int min_chunk) {                                                                                     \
+        rx_att_dec<VEC, NV, EXACT>(q, k, v, o, part, cnt, n_head, n_head_kv, d, gb, n_past, n_past_dyn,    \
+                                   scale, window, min_chunk);                                                \
+    }
+// one kernel per head_dim so each keeps only the registers its d needs (the host picks by d and
+// sizes gb <= GMAX: d64 8, d128 4, d256 2, d512 1, g256 2, g512 1; more would spill on sm_90)
+RX_ATT_DEC(rx_attention_dec_d64, 2, 1, true)
+RX_ATT_DEC(rx_attention_dec_d128, 4, 1, true)
+RX_ATT_DEC(rx_attention_dec_d256, 8, 1, true)
+RX_ATT_DEC(rx_attention_dec_d512, 8, 2, true)
+RX_ATT_DEC(rx_attention_dec_g256, 2, 4, false)  // any even d <= 256
+RX_ATT_DEC(rx_attention_dec_g512, 2, 8, false)  // any even d <= 512

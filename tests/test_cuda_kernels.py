@@ -441,6 +441,98 @@ def test_fused_norm_rope_kv_norm_modes(gb, nb):
         gb.fuse = old
 
 
+def _attn_dec_ref(q, k16, v16, n_past, scale, window):
+    """Float64 decode attention written out from its definition (independent of both backends):
+    query slot n_past sees keys j <= n_past with n_past - j < window when window > 0."""
+    n_head, d = q.shape[1], q.shape[2]
+    G = n_head // k16.shape[1]
+    lo = max(0, n_past - window + 1) if window > 0 else 0
+    out = np.zeros((1, n_head, d))
+    for h in range(n_head):
+        kk = k16[lo:n_past + 1, h // G].astype(np.float64)      # (n_vis, d)
+        s = kk @ q[0, h].astype(np.float64) * scale
+        p = np.exp(s - s.max())
+        out[0, h] = (p / p.sum()) @ v16[lo:n_past + 1, h // G].astype(np.float64)
+    return out
+
+
+# (n_head, n_head_kv, head_dim): GQA ratios 1, 2, 3, 4, 8 on every rx_attention_dec variant --
+# d64 / d128 / d256 / d512 and the generic g256 (d = 80) / g512 (d = 320); ratio 8 at d = 128 and
+# 256 needs several query-head groups per kv head (GMAX 4 and 2)
+DEC_SHAPES = [(8, 8, 64), (9, 3, 64), (16, 2, 64), (16, 8, 128), (16, 2, 128), (12, 4, 128), (4, 1, 256),
+              (8, 1, 256), (6, 3, 80), (4, 2, 512), (8, 4, 320)]
+
+
+@pytest.mark.parametrize("window", [0, 100])
+@pytest.mark.parametrize("n_past", [0, 1, 255, 256, 257, 4095])
+@pytest.mark.parametrize("n_head,n_kv,d", DEC_SHAPES)
+def test_attention_decode_kernel(gb, n_past, n_head, n_kv, d, window):
+    """rx_attention_dec (T = 1) against a float64 reference over the same f16 cache, at split
+    boundaries (255 / 256 / 257 keys), a long context (4096 keys, many splits merged by the last
+    block) and with a sliding window; the cache holds finite rows past n_past that must stay unseen."""
+    rng = np.random.default_rng([n_past, n_head, n_kv, d, window])
+    n_ctx = n_past + 1 + 7
+    k = rng.standard_normal((n_ctx, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((n_ctx, n_kv, d)).astype(np.float32)
+    q = (2.0 * rng.standard_normal((1, n_head, d))).astype(np.float32)
+    kc, vc = gb.zeros((n_ctx, n_kv, d)), gb.zeros((n_ctx, n_kv, d))
+    gb.kv_write(kc, gb.upload(k), 0)
+    gb.kv_write(vc, gb.upload(v), 0)
+    k16, v16 = k.astype(np.float16), v.astype(np.float16)
+    scale = 1.0 / math.sqrt(d)
+    got = gb.to_numpy(gb.attention(gb.upload(q), kc, vc, n_past, scale, window=window))
+    assert rel(got, _attn_dec_ref(q, k16, v16, n_past, scale, window)) <= 1e-5
+
+
+@pytest.mark.parametrize("n_head,n_kv,d,window", [(16, 8, 128, 0), (9, 3, 64, 0), (4, 1, 256, 512),
+                                                  (8, 4, 320, 0)])
+def test_attention_decode_captured(gb, n_head, n_kv, d, window):
+    """The captured decode path: n_past read from the device state and the grid's split bound taken
+    from n_ctx (3000), not from S. Once eagerly with `capturing` set (no graph), then as a real CUDA
+    graph replayed at many positions -- short (one split, the other blocks exit), at split
+    boundaries and long (last-block merge) -- so the self-resetting split counters are exercised
+    across replays and the result must follow the position written before each replay."""
+    rng = np.random.default_rng([n_head, d, window])
+    n_ctx = 3000
+    k = rng.standard_normal((n_ctx, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((n_ctx, n_kv, d)).astype(np.float32)
+    q = (2.0 * rng.standard_normal((1, n_head, d))).astype(np.float32)
+    kc, vc = gb.zeros((n_ctx, n_kv, d)), gb.zeros((n_ctx, n_kv, d))
+    gb.kv_write(kc, gb.upload(k), 0)
+    gb.kv_write(vc, gb.upload(v), 0)
+    k16, v16 = k.astype(np.float16), v.astype(np.float16)
+    scale = 1.0 / math.sqrt(d)
+    gq = gb.upload(q)
+    gb.flush()
+
+    def set_pos(n_past):
+        gb.ctx.h2d(gb._state.ptr, np.array([0, n_past], np.int32).ctypes.data, 8)
+
+    set_pos(777)
+    gb.synchronize()
+    gb.capturing = True
+    try:
+        o = gb.attention(gq, kc, vc, 5, scale, window=window)  # 5: ignored, the state says 777
+    finally:
+        gb.capturing = False
+    assert rel(gb.to_numpy(o), _attn_dec_ref(q, k16, v16, 777, scale, window)) <= 1e-5
+
+    set_pos(0)
+    gb.synchronize()
+    gb.capturing = True
+    gb.ctx.begin_capture()
+    try:
+        o = gb.attention(gq, kc, vc, 0, scale, window=window)
+    finally:
+        gb.capturing = False
+        graph = gb.ctx.end_capture()
+    for n_past in [0, 1, 63, 64, 65, 255, 256, 257, 1000, 2047, 2999, 5, 2999, 128]:
+        set_pos(n_past)
+        graph.launch()
+        got = gb.to_numpy(o)
+        assert rel(got, _attn_dec_ref(q, k16, v16, n_past, scale, window)) <= 1e-5, n_past
+
+
 @pytest.mark.parametrize("tname", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1"])
 @pytest.mark.parametrize("n_in", [256, 1024, 3072, 4096 + 256])
 def test_matvec_lane_layouts(gb, tname, n_in):

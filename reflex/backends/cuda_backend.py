@@ -39,7 +39,14 @@ MATVEC_MAX_T = 8      # up to this many rows a product reads the blocks directly
 CUBLAS_MIN_T = 64     # from this many rows products go to cuBLAS SGEMM (cuda_blas.py)
 RN_FUSE_MAX_IN = 8192     # a product rebuilds rms_norm(a + b) in shared memory up to this n_in (32 KB)
 RN_FUSE_MAX_ROWS = 32768  # ... and only for this many output rows (not the vocabulary head)
-ATT_CHUNK_DECODE = 256  # keys per split at T = 1 (splits over the KV length fill the GPU)
+ATT_CHUNK_DECODE = 64  # fewest keys per split of rx_attention_dec (T = 1): splits only for long contexts
+# rx_attention_dec splits until about this many blocks per SM: at d = 128 (212 registers) one
+# 256-thread block fits per SM, and 2 measured slower on the H200 at S = 2048..8192 (a second wave)
+ATT_DEC_BLOCKS_PER_SM = 1
+ATT_DEC_MAX_SPLIT = 128     # at most this many splits (the last block merges them one after another)
+ATT_DEC_THREADS = 256       # = DEC_WARPS * 32 in kernels/attention.cu
+# head_dim -> (rx_attention_dec_<variant>, most query heads per block: GMAX in kernels/attention.cu)
+ATT_DEC_VARIANT = {64: ("d64", 8), 128: ("d128", 4), 256: ("d256", 2), 512: ("d512", 1)}
 
 
 class _Buf:
@@ -757,17 +764,41 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend
             if m.shape != (T, S):
                 raise ValueError(f"attention mask shape {m.shape}, expected {(T, S)}")
             mask_d, S_mask = self.upload(m.astype(np.uint8), "u8"), S
-        if self.capturing:
-            chunk = ATT_CHUNK_DECODE
-            n_split = (n_ctx + chunk - 1) // chunk
-            dyn = self._state.ptr + 4
-        elif T == 1:
-            chunk = ATT_CHUNK_DECODE
-            n_split = (S + chunk - 1) // chunk
-            dyn = 0
-        else:
-            chunk, n_split, dyn = max(S, 1), 1, 0
+        dyn = self._state.ptr + 4 if self.capturing else 0
         out = self.empty((T, n_head, d))
+        if T == 1 and mask_d is None:
+            # rx_attention_dec: one block per (kv head, group of its query heads, split). The kernel
+            # cuts the visible keys into splits itself (n_past may only be known on the device);
+            # the grid's y is an upper bound -- from n_ctx when capturing, so the graph replays at
+            # any position -- and blocks past the run-time split count exit at once.
+            G = n_head // n_kv
+            var, gmax = ATT_DEC_VARIANT.get(d) or (("g256", 2) if d <= 256 else ("g512", 1))
+            n_grp = -(-G // gmax)
+            gb = -(-G // n_grp)  # balanced groups, each <= gmax heads
+            blocks = n_kv * n_grp
+            n_vis = n_ctx if self.capturing else S
+            if window and window > 0:
+                n_vis = min(n_vis, int(window))
+            want = -(-ATT_DEC_BLOCKS_PER_SM * self.ctx.sm_count // blocks)
+            Y = max(1, min(want, -(-n_vis // ATT_CHUNK_DECODE), ATT_DEC_MAX_SPLIT))
+            part = self.empty((n_head * Y * (d + 2),)) if Y > 1 else None
+            cnt = getattr(self, "_att_cnt", None)
+            if cnt is None or cnt.size < blocks:
+                # split counters of the last-block merge; each launch leaves them at 0. The memset
+                # is a stream op, so even an allocation made while capturing is zeroed in order
+                cnt = self._att_cnt = DArray(self, (max(blocks, 256),), "i32")
+                self.ctx.memset0(cnt.ptr, 4 * cnt.size)
+            self.k("rx_attention_dec_" + var, "ppppppiiiiipfii")(
+                (blocks, Y, 1), ATT_DEC_THREADS, q.ptr, k_cache.ptr, v_cache.ptr, out.ptr,
+                part.ptr if part is not None else 0, cnt.ptr, n_head, n_kv, d, gb, int(n_past), dyn,
+                float(scale), int(window or 0), ATT_CHUNK_DECODE)
+            return out
+        if self.capturing:
+            # a captured T > 1 step: the split count comes from n_ctx, splits past S stay empty
+            chunk = 256
+            n_split = (n_ctx + chunk - 1) // chunk
+        else:
+            chunk, n_split = max(S, 1), 1
         part = self.empty((T * n_head * n_split * (d + 2),)) if n_split > 1 else None
         self.k("rx_attention", "ppppppiiiipfiiii")(
             (T * n_head, n_split, 1), 128, q.ptr, k_cache.ptr, v_cache.ptr, out.ptr,
