@@ -332,7 +332,8 @@ def inproc(model, backend: str, prompt_tokens: int, gen_tokens: int, repeats: in
 
     if cuda:
         res["decode_eager"] = decode(False)
-        # the decoder's own choice: a model that routes on the host (qwen3moe) runs eagerly
+        # the decoder's own choice: a model with graph_capturable False (host MoE routing in deepseek2 and
+        # gemma4, PLE rows, recurrent granitehybrid) runs eagerly
         decode(None)  # warm
         runs = sorted((decode(None) for _ in range(3)), key=lambda r: r["tok_s"])
         res["decode"] = dict(runs[1], all_tok_s=[round(r["tok_s"], 1) for r in runs])

@@ -105,3 +105,26 @@ class Backend(abc.ABC):
         With `weights` (T, K) host floats: (T, n_out) = sum_k weights[t, k] * slot [t, k].
         Only the selected experts' weights are read."""
         raise NotImplementedError(f"{self.name} backend has no expert_matmul")
+
+    def moe_route(self, logits, k: int, norm: bool = True):
+        """Softmax top-k expert routing of router logits (T, n_expert) -> (ids, weights), backend
+        arrays (T, k): ids int32, weights float32. p = float32 softmax over all experts; ids[t] are
+        the k largest p[t] best first, ties to the lower expert id (NumPy's stable argsort of -p);
+        weights[t, j] = p[t, ids[t, j]], divided by their sum over j when `norm`. The result stays
+        on the device where the backend has one (no host read), so moe_ffn can follow inside a
+        captured CUDA graph."""
+        raise NotImplementedError(f"{self.name} backend has no moe_route")
+
+    def moe_ffn(self, x, w_gate, w_up, w_down, ids, weights):
+        """Routed SwiGLU experts: x (T, n_embd) -> (T, n_embd),
+        out[t] = sum_k weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = ids[t, k].
+        w_gate / w_up are prepared 3-D weights (n_expert, n_ff_exp, n_embd), w_down (n_expert,
+        n_embd, n_ff_exp); ids / weights (T, K) as moe_route returns them (backend arrays, read on
+        the device). Equal to expert_matmul(gate), expert_matmul(up), swiglu, expert_matmul(down,
+        weights); only the selected experts' weights are read."""
+        raise NotImplementedError(f"{self.name} backend has no moe_ffn")
+
+    def moe_capturable(self, w_gate, w_up, w_down) -> bool:
+        """Whether a T = 1 moe_route + moe_ffn over these weights runs without host data, so a
+        decode step using them can be captured into a CUDA graph (backends without graphs: False)."""
+        return False

@@ -26,6 +26,7 @@ from reflex.backends.base import ROPE_NEOX, ROPE_NORM, Backend
 from reflex.backends.cuda_deltanet import CudaDeltaNetOps
 from reflex.backends.cuda_embed import CudaEmbedOps
 from reflex.backends.cuda_mla import CudaMLAOps
+from reflex.backends.cuda_moe import CudaMoEOps
 from reflex.backends.cuda_ssm import CudaSSMOps
 from reflex.errors import InvalidRequest, ModelFormatError
 
@@ -179,7 +180,7 @@ class QWeight:
         return f"QWeight({self.suffix}, shape={self.shape})"
 
 
-class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaEmbedOps, Backend):
+class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaMoEOps, CudaEmbedOps, Backend):
     # op families beyond the dense-transformer core live in mixins (cuda_<family>.py)
     name = "cuda"
     device_sampling = True  # the engine may call argmax / GreedyDecoder
@@ -1023,7 +1024,7 @@ class GreedyDecoder:
     def __init__(self, backend: CudaBackend, model, cache, use_graph: bool | None = None):
         self.b, self.model, self.cache = backend, model, cache
         if use_graph is None:
-            # a model that decides on the host mid-step (qwen3moe routes experts there) cannot be
+            # a model that decides on the host mid-step (deepseek2 and gemma4 route experts there) cannot be
             # replayed from a graph; it still gets device argmax, launched eagerly
             use_graph = (os.environ.get("REFLEX_CUDA_GRAPH", "1") != "0"
                          and getattr(model, "graph_capturable", True))

@@ -10,6 +10,7 @@ from reflex.backends.base import ROPE_NEOX, ROPE_NORM, Backend
 from reflex.backends.numpy_deltanet import NumpyDeltaNetOps
 from reflex.backends.numpy_embed import NumpyEmbedOps
 from reflex.backends.numpy_mla import NumpyMLAOps
+from reflex.backends.numpy_moe import NumpyMoEOps
 from reflex.backends.numpy_ssm import NumpySSMOps
 from reflex.errors import InvalidRequest, ModelFormatError
 
@@ -83,7 +84,7 @@ def set_blas_threads(n: int) -> bool:
 _BLAS_SETTER: dict = {}
 
 
-class NumpyBackend(NumpySSMOps, NumpyDeltaNetOps, NumpyMLAOps, NumpyEmbedOps, Backend):
+class NumpyBackend(NumpySSMOps, NumpyDeltaNetOps, NumpyMLAOps, NumpyMoEOps, NumpyEmbedOps, Backend):
     # op families beyond the dense-transformer core live in mixins, one file per family
     name = "numpy"
 

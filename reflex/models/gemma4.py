@@ -437,7 +437,7 @@ class Model:
         n_pl, L = hp.n_embd_per_layer, hp.n_layer
         # a captured CUDA decode step reads the token id on the device for token_embd; the per-layer
         # rows tok * n_layer + i are computed on the host, so a PLE model decodes eagerly
-        # (and MoE layers route on the host, as qwen3moe)
+        # (and its MoE layers route on the host; qwen3moe's device routing is not used here)
         self.graph_capturable = not n_pl and not any(blk.moe is not None for blk in self.blocks)
         if n_pl:
             # per_layer_token_embd (n_vocab, n_layer * n_pl) read as (n_vocab * n_layer, n_pl) rows:

@@ -319,7 +319,9 @@ class HybridCache(KVCache):
 
 class Model:
     tree_mask = False         # a recurrent state cannot hold two branches at once
-    graph_capturable = False  # MoE routing reads the router's output on the host each step
+    # not captured: its MoE layers route on the device now (qwen3moe.FFN), but the Mamba-2 decode
+    # path has not been checked under CUDA-graph capture
+    graph_capturable = False
 
     def __init__(self, f, backend: Backend, hp: HParams):
         self.backend, self.hp, self.arch = backend, hp, hp.arch

@@ -7,7 +7,9 @@
   norm_topk_prob is true), so it defaults to true;
 - experts are 3-D tensors ffn_gate_exps / ffn_up_exps (n_expert, n_ff_exp, n_embd) and ffn_down_exps
   (n_expert, n_embd, n_ff_exp), n_ff_exp = `qwen3moe.expert_feed_forward_length`, run by the backend's
-  expert_matmul (only the selected experts are read); no shared expert;
+  moe_ffn (only the selected experts are read); no shared expert;
+- routing (moe_route) and experts (moe_ffn) are backend ops whose ids and weights stay backend arrays:
+  on CUDA they never reach the host at decode, so a decode step is captured into a CUDA graph;
 - the output projection is untied in the real family (`output.weight`); tied when it is absent.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ import dataclasses
 import numpy as np
 
 from reflex.backends.base import Backend
-from reflex.errors import InvalidRequest, ModelFormatError
+from reflex.errors import ModelFormatError
 from reflex.models._common import DecoderHParams, DecoderModel, _key, _Weights
 from reflex.models.qwen3 import Attention
 
@@ -89,32 +91,28 @@ class FFN:
         self.w_down = w.get(p + "ffn_down_exps.weight", (X, E, F))      # (n_expert, n_embd, n_ff_exp)
 
     def route(self, b: Backend, x):
-        """(expert ids (T, K), weights (T, K)) on the host: float32 softmax over all experts, top-k."""
-        if getattr(b, "capturing", False):
-            # the expert ids choose which weight bytes a step reads: a replayed CUDA graph cannot
-            raise InvalidRequest("qwen3moe routes on the host: CUDA-graph decode is not supported "
-                                 "(set REFLEX_CUDA_GRAPH=0)")
-        logits = b.to_numpy(b.matmul(x, self.w_router)).astype(np.float32)  # (T, n_expert)
-        p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        p /= p.sum(axis=-1, keepdims=True)
-        K = self.hp.n_expert_used
-        ids = np.argsort(-p, axis=-1, kind="stable")[:, :K]                  # (T, K), best first
-        wt = np.take_along_axis(p, ids, axis=-1)                             # (T, K)
-        if self.hp.expert_weights_norm:
-            wt = wt / wt.sum(axis=-1, keepdims=True)
-        return ids, wt.astype(np.float32)
+        """(expert ids (T, K) int32, weights (T, K) float32) as backend arrays: float32 softmax over all
+        experts, top-k best first, renormalized when expert_weights_norm."""
+        logits = b.matmul(x, self.w_router)                                # (T, n_expert)
+        return b.moe_route(logits, self.hp.n_expert_used, self.hp.expert_weights_norm)
+
+    def capturable(self, b: Backend) -> bool:
+        return b.moe_capturable(self.w_gate, self.w_up, self.w_down)
 
     def __call__(self, b: Backend, x):
-        ids, wt = self.route(b, x)
-        g = b.expert_matmul(x, self.w_gate, ids)                   # (T, K, n_ff_exp)
-        u = b.expert_matmul(x, self.w_up, ids)                     # (T, K, n_ff_exp)
-        return b.expert_matmul(b.swiglu(g, u), self.w_down, ids, wt)  # (T, n_embd)
+        ids, wt = self.route(b, x)                                         # (T, K), (T, K)
+        return b.moe_ffn(x, self.w_gate, self.w_up, self.w_down, ids, wt)  # (T, n_embd)
 
 
 class Model(DecoderModel):
-    graph_capturable = False  # expert routing reads the router's output on the host each step
     Attention = Attention
     FFN = FFN
+
+    def __init__(self, f, backend: Backend, hp: HParams):
+        super().__init__(f, backend, hp)
+        # a decode step replays from a CUDA graph where every layer routes and runs its experts on
+        # the device (the expert ids choose which weight bytes a step reads)
+        self.graph_capturable = all(blk.ffn.capturable(backend) for blk in self.blocks)
 
 
 def load(f, backend: Backend, arch: str = "qwen3moe") -> Model:
