@@ -441,6 +441,18 @@ def test_fused_norm_rope_kv_norm_modes(gb, nb):
         gb.fuse = old
 
 
+def _dec_case(gb, rng, n_ctx, n_head, n_kv, d):
+    """random q (1, n_head, d) and a full f16 K/V cache (n_ctx, n_kv, d) on the GPU, with the
+    float16 copies the reference reads and the 1/sqrt(d) scale"""
+    k = rng.standard_normal((n_ctx, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((n_ctx, n_kv, d)).astype(np.float32)
+    q = (2.0 * rng.standard_normal((1, n_head, d))).astype(np.float32)
+    kc, vc = gb.zeros((n_ctx, n_kv, d)), gb.zeros((n_ctx, n_kv, d))
+    gb.kv_write(kc, gb.upload(k), 0)
+    gb.kv_write(vc, gb.upload(v), 0)
+    return q, kc, vc, k.astype(np.float16), v.astype(np.float16), 1.0 / math.sqrt(d)
+
+
 def _attn_dec_ref(q, k16, v16, n_past, scale, window):
     """Float64 decode attention written out from its definition (independent of both backends):
     query slot n_past sees keys j <= n_past with n_past - j < window when window > 0."""
@@ -472,14 +484,7 @@ def test_attention_decode_kernel(gb, n_past, n_head, n_kv, d, window):
     block) and with a sliding window; the cache holds finite rows past n_past that must stay unseen."""
     rng = np.random.default_rng([n_past, n_head, n_kv, d, window])
     n_ctx = n_past + 1 + 7
-    k = rng.standard_normal((n_ctx, n_kv, d)).astype(np.float32)
-    v = rng.standard_normal((n_ctx, n_kv, d)).astype(np.float32)
-    q = (2.0 * rng.standard_normal((1, n_head, d))).astype(np.float32)
-    kc, vc = gb.zeros((n_ctx, n_kv, d)), gb.zeros((n_ctx, n_kv, d))
-    gb.kv_write(kc, gb.upload(k), 0)
-    gb.kv_write(vc, gb.upload(v), 0)
-    k16, v16 = k.astype(np.float16), v.astype(np.float16)
-    scale = 1.0 / math.sqrt(d)
+    q, kc, vc, k16, v16, scale = _dec_case(gb, rng, n_ctx, n_head, n_kv, d)
     got = gb.to_numpy(gb.attention(gb.upload(q), kc, vc, n_past, scale, window=window))
     assert rel(got, _attn_dec_ref(q, k16, v16, n_past, scale, window)) <= 1e-5
 
@@ -494,14 +499,7 @@ def test_attention_decode_captured(gb, n_head, n_kv, d, window):
     across replays and the result must follow the position written before each replay."""
     rng = np.random.default_rng([n_head, d, window])
     n_ctx = 3000
-    k = rng.standard_normal((n_ctx, n_kv, d)).astype(np.float32)
-    v = rng.standard_normal((n_ctx, n_kv, d)).astype(np.float32)
-    q = (2.0 * rng.standard_normal((1, n_head, d))).astype(np.float32)
-    kc, vc = gb.zeros((n_ctx, n_kv, d)), gb.zeros((n_ctx, n_kv, d))
-    gb.kv_write(kc, gb.upload(k), 0)
-    gb.kv_write(vc, gb.upload(v), 0)
-    k16, v16 = k.astype(np.float16), v.astype(np.float16)
-    scale = 1.0 / math.sqrt(d)
+    q, kc, vc, k16, v16, scale = _dec_case(gb, rng, n_ctx, n_head, n_kv, d)
     gq = gb.upload(q)
     gb.flush()
 
