@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -246,10 +247,16 @@ class Engine:
         finish = "length"
         # greedy on a device backend: argmax on the device, only token ids cross (CUDA-graph decode)
         device = None
-        if (sampler.greedy and sampler.repeat_penalty == 1.0
-                and getattr(model.backend, "device_sampling", False)):
-            from reflex.backends.cuda_backend import GreedyDecoder
-            device = GreedyDecoder(model.backend, model, cache)
+        if sampler.greedy and getattr(model.backend, "device_sampling", False):
+            from reflex.backends.cuda_backend import PENALTY_MAX_RING, GreedyDecoder
+            if sampler.repeat_penalty == 1.0:
+                device = GreedyDecoder(model.backend, model, cache)
+            elif (0 <= sampler.repeat_last_n <= PENALTY_MAX_RING
+                  and os.environ.get("REFLEX_CUDA_DEVICE_PENALTY", "0") == "1"):
+                # greedy + repeat penalty on the device (kernels/sample.cu); opt-in until its GPU
+                # tests (tests/test_cuda_kernels.py test_repeat_penalty_*) have run on a device
+                device = GreedyDecoder(model.backend, model, cache, repeat_penalty=sampler.repeat_penalty,
+                                       repeat_last_n=sampler.repeat_last_n, history=history)
         t0 = time.perf_counter()
         if device is not None:
             dev_next = device.prefill(ids)

@@ -195,6 +195,21 @@ class K:
                     s = t * Kk + k
                     acc += float(f32(wts + 4 * s, 1)[0]) * f32(Y + 4 * n_out * int(i32(pos + 4 * s, 1)[0]), n_out)
                 f32(out + 4 * n_out * t, n_out)[:] = acc
+        elif n == "rx_repeat_penalty":  # kernels/sample.cu header
+            x, ring, n_ring, nn, pen = a
+            row = f32(x, nn)
+            seen = set()
+            for i in range(n_ring):
+                t = int(i32(ring + 4 * (1 + i), 1)[0])
+                if 0 <= t < nn and t not in seen:
+                    seen.add(t)
+                    v = row[t]
+                    row[t] = np.float32(v / np.float32(pen)) if v > 0 else np.float32(v * np.float32(pen))
+        elif n == "rx_ring_push":
+            ring, n_ring, tok = a
+            r = i32(ring, 1 + n_ring)
+            r[1 + r[0] % n_ring] = i32(tok, 1)[0]
+            r[0] += 1
         elif n == "rx_argmax":
             row, nn, out, state, amax = a
             tok = int(np.argmax(f32(row, nn)))
@@ -324,3 +339,48 @@ def test_expert_matmul_matches_numpy(fake_device, T, x3d, weighted):
     assert np.max(np.abs(got - ref)) <= 1e-4 * np.max(np.abs(ref))
     if weighted:
         assert "rx_moe_combine" in fake_device.log and "rx_binary" not in fake_device.log[-20:]
+
+
+@pytest.mark.parametrize("last_n", [4, 64])
+def test_greedy_decoder_repeat_penalty_on_cpu(fake_device, vocab, tmp_path_factory, last_n):
+    """GreedyDecoder with a repeat penalty (the device window: prompt tail uploaded, each chosen
+    token pushed by rx_ring_push, rx_repeat_penalty before every argmax) picks the tokens of the
+    host path, Sampler(temperature 0, repeat_penalty, repeat_last_n).sample over the whole history,
+    on the NumPy backend with a float16 KV cache (the CUDA cache's rounding). The prompt ends with
+    the model's own greedy continuation, so both the prompt's tail in the window and the pushed
+    tokens decide tokens: leaving either out of the history changes the host's sequence too."""
+    from reflex.backends.cuda_backend import CudaBackend, GreedyDecoder
+    from reflex.backends.numpy_backend import NumpyBackend
+    from reflex.sampling import Sampler
+    from reflex.synth import synthesize_preset
+    path = str(tmp_path_factory.mktemp("m") / "pen.gguf")
+    synthesize_preset(vocab, path, "smollm2-135m", seed=3, overrides=TINY)
+    n_new, pen = 14, 4.0
+
+    def host(ids, penalty, prompt_in_window=True):
+        cm = _load(path, NumpyBackend(kv_f16=True))
+        c, hist = cm.new_cache(64), list(ids) if prompt_in_window else []
+        s = Sampler(temperature=0, repeat_penalty=penalty, repeat_last_n=last_n)
+        lg = cm.forward(ids, c, last_only=True)[-1]
+        out = []
+        for _ in range(n_new):
+            t = s.sample(lg, hist) if hist or penalty == 1.0 else int(np.argmax(lg))
+            out.append(t)
+            hist.append(t)
+            lg = cm.forward([t], c, last_only=True)[-1]
+        return out
+
+    ids = [5, 17, 99, 3]
+    ids += host(ids, 1.0)[:4]  # 8 tokens: the fake driver emulates the T <= 8 (matvec) products only
+    ref = host(ids, pen)
+    assert ref != host(ids, 1.0) and ref != host(ids, pen, prompt_in_window=False)
+    b = CudaBackend()
+    m = _load(path, b)
+    fake_device.log.clear()
+    dec = GreedyDecoder(b, m, m.new_cache(64), use_graph=False, repeat_penalty=pen, repeat_last_n=last_n,
+                        history=ids)
+    got = [dec.prefill(ids)]
+    while len(got) < n_new:
+        got.append(dec.step(got[-1]))
+    assert got == ref
+    assert fake_device.log.count("rx_repeat_penalty") == n_new == fake_device.log.count("rx_ring_push")

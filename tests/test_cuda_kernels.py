@@ -614,3 +614,33 @@ def test_matvec_lane_layouts(gb, tname, n_in):
     finally:
         gb.fuse = old
         del gb.k
+
+
+@pytest.mark.parametrize("n_ring", [1, 7, 64, 256])
+def test_repeat_penalty_kernel(gb, n_ring):
+    """rx_repeat_penalty over a window with repeated ids, empty slots (-1) and ids past the vocab,
+    against Sampler._penalize (float64 on the same float32 logits; the kernel divides in float32,
+    so <= 1 ulp apart); rx_ring_push keeps the last n_ring pushed ids in ring order."""
+    from reflex.sampling import Sampler
+    rng = np.random.default_rng([n_ring])
+    n = 5000
+    x = (3.0 * rng.standard_normal(n)).astype(np.float32)
+    hist = [int(t) for t in rng.integers(0, 40, 300)] + [n + 3, 0]   # many repeats; one id past n
+    hist = hist[:max(1, n_ring // 2)] if n_ring > 7 else hist           # a part-empty window too
+    ring = gb.penalty_ring(hist, n_ring)
+    xd = gb.upload(x[None])
+    gb.repeat_penalty(xd, ring, 1.3)
+    ref = Sampler(temperature=0, repeat_penalty=1.3, repeat_last_n=n_ring)._penalize(x.astype(np.float64), hist)
+    got = gb.to_numpy(xd).reshape(-1)
+    assert np.allclose(got, ref, rtol=2e-7, atol=0)
+    assert not np.array_equal(got, x)
+    pushed = [int(t) for t in rng.integers(0, n, 3 * n_ring + 5)]
+    for t in pushed:
+        gb.ring_push(ring, gb.upload(np.array([t], np.int32), "i32"))
+    r = gb.to_numpy(ring)
+    total = min(len(hist), n_ring) + len(pushed)
+    assert r[0] == total
+    window = (hist[-n_ring:] + pushed)[-n_ring:]
+    assert sorted(r[1:].tolist()) == sorted(window)
+    # slot order: the newest id sits just before the cursor
+    assert r[1 + (total - 1) % n_ring] == pushed[-1]

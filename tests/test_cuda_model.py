@@ -164,3 +164,39 @@ def test_generation_leaves_cupy_cache_empty(tmp_path_factory, vocab, tmp_path):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["n"] >= 1 and out["cupy"] is False
     assert list(cache_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("last_n", [8, 64])
+def test_greedy_decoder_repeat_penalty(tmp_path_factory, vocab, last_n):
+    """The device repeat penalty (kernels/sample.cu rx_repeat_penalty + rx_ring_push inside the
+    captured step) picks what the host path picks: Sampler(temperature 0, repeat_penalty 1.5,
+    repeat_last_n).sample over the whole history, on this backend's own eager logits copied to the
+    host -- so CPU/GPU rounding cannot part them, only the penalty and the window can. 32 tokens,
+    graph and eager; the penalty must change the unpenalized greedy sequence (else this proves
+    nothing)."""
+    from reflex.backends.cuda_backend import CudaBackend, GreedyDecoder
+    from reflex.sampling import Sampler
+    path = _model_path(tmp_path_factory, vocab, "smollm2-135m", TINY)
+    ids, pen = _prompt_ids(path), 1.5
+    gb = CudaBackend()
+    m = _load(path, gb)
+
+    def host(penalty):
+        c, hist, out = m.new_cache(len(ids) + N_GEN + 1), list(ids), []
+        s = Sampler(temperature=0, repeat_penalty=penalty, repeat_last_n=last_n)
+        lg = m.forward(ids, c, last_only=True)[-1]
+        while len(out) < N_GEN:
+            out.append(s.sample(lg, hist))
+            hist.append(out[-1])
+            lg = m.forward([out[-1]], c, last_only=True)[-1]
+        return out
+
+    ref = host(pen)
+    assert ref != host(1.0)
+    for use_graph in (True, False):
+        dec = GreedyDecoder(gb, m, m.new_cache(len(ids) + N_GEN + 1), use_graph=use_graph,
+                            repeat_penalty=pen, repeat_last_n=last_n, history=ids)
+        toks = [dec.prefill(ids)]
+        while len(toks) < N_GEN:
+            toks.append(dec.step(toks[-1]))
+        assert toks == ref, (use_graph, toks, ref)

@@ -40,6 +40,7 @@ MATVEC_MAX_T = 8      # up to this many rows a product reads the blocks directly
 CUBLAS_MIN_T = 64     # from this many rows products go to cuBLAS SGEMM (cuda_blas.py)
 RN_FUSE_MAX_IN = 8192     # a product rebuilds rms_norm(a + b) in shared memory up to this n_in (32 KB)
 RN_FUSE_MAX_ROWS = 32768  # ... and only for this many output rows (not the vocabulary head)
+PENALTY_MAX_RING = 256  # longest repeat-penalty window the device decoder keeps (rx_repeat_penalty: one block)
 ATT_CHUNK_DECODE = 64  # fewest keys per split of rx_attention_dec (T = 1): splits only for long contexts
 # rx_attention_dec splits until about this many blocks per SM: at d = 128 (212 registers) one
 # 256-thread block fits per SM, and 2 measured slower on the H200 at S = 2048..8192 (a second wave)
@@ -1002,6 +1003,30 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaMoEOps, CudaEmbed
     def argmax_id(self, x) -> int:
         return int(self.argmax(x).get()[0])
 
+    def penalty_ring(self, history, n_ring: int) -> DArray:
+        """The device window of the repeat penalty: (1 + n_ring,) int32 = [push cursor, the last
+        n_ring ids of history in ring order, -1 for empty slots] (kernels/sample.cu)."""
+        if not 0 < n_ring <= PENALTY_MAX_RING:
+            raise InvalidRequest(f"device repeat penalty: window {n_ring} outside 1..{PENALTY_MAX_RING}")
+        h = [int(t) for t in history][-n_ring:]
+        host = np.full(1 + n_ring, -1, np.int32)
+        host[0] = len(h)
+        host[1:1 + len(h)] = h
+        return self.upload(host, "i32")
+
+    def repeat_penalty(self, x, ring: DArray, penalty: float):
+        """In place on the last row of x (logits): Sampler._penalize over the ring's window."""
+        x = self._f32(x)
+        n = x.shape[-1]
+        row = x.reshape(-1, n)[-1]
+        self.k("rx_repeat_penalty", "ppiif")((1, 1, 1), PENALTY_MAX_RING, row.ptr, ring.ptr, ring.size - 1, n,
+                                           float(penalty))
+        return x
+
+    def ring_push(self, ring: DArray, tok: DArray):
+        """Append the device token tok[0] to the penalty window (one thread, stays on the device)."""
+        self.k("rx_ring_push", "pip")((1, 1, 1), 1, ring.ptr, ring.size - 1, tok.ptr)
+
     # ---- memory report -------------------------------------------------------------------------
     def memory(self) -> dict:
         free, total = self.ctx.mem_info()
@@ -1021,8 +1046,15 @@ class GreedyDecoder:
     the device-side token), so the GPU does not idle while the host streams text. cache.n counts
     the steps handed out (a run-ahead step that is never asked for only wrote a KV row past it)."""
 
-    def __init__(self, backend: CudaBackend, model, cache, use_graph: bool | None = None):
+    def __init__(self, backend: CudaBackend, model, cache, use_graph: bool | None = None, *,
+                 repeat_penalty: float = 1.0, repeat_last_n: int = 64, history=()):
         self.b, self.model, self.cache = backend, model, cache
+        # greedy with a repeat penalty (rag ask uses 1.15): the window of the last repeat_last_n
+        # tokens lives on the device (prompt tail uploaded once, each chosen token pushed by a
+        # kernel), so the penalty runs inside the captured step and no logits cross to the host
+        self.penalty = float(repeat_penalty)
+        self.ring = (backend.penalty_ring(history, repeat_last_n)
+                     if self.penalty != 1.0 and repeat_last_n != 0 else None)
         if use_graph is None:
             # a model that decides on the host mid-step (deepseek2 and gemma4 route experts there) cannot be
             # replayed from a graph; it still gets device argmax, launched eagerly
@@ -1035,9 +1067,18 @@ class GreedyDecoder:
         self._host = np.zeros(4, np.int32)
         self._ahead = None  # (slot) of a queued step not yet handed out
 
+    def _choose(self, logits, to_state: bool = False) -> DArray:
+        b = self.b
+        if self.ring is not None:
+            b.repeat_penalty(logits, self.ring, self.penalty)
+        out = b.argmax(logits, to_state=to_state)
+        if self.ring is not None:
+            b.ring_push(self.ring, out)
+        return out
+
     def prefill(self, ids) -> int:
         logits = self.model.forward(ids, self.cache, last_only=True, output="raw")
-        return self.b.argmax_id(logits)
+        return int(self._choose(logits).get()[0])
 
     def _queue(self, slot: int):
         b = self.b
@@ -1053,7 +1094,7 @@ class GreedyDecoder:
             raise ContextOverflow(f"{c.n} cached + 1 new token exceed n_ctx {c.n_ctx}")
         if not self.use_graph:
             logits = self.model.forward([tok], c, last_only=True, output="raw")
-            return self.b.argmax_id(logits)
+            return int(self._choose(logits).get()[0])
         b = self.b
         if self.graph is None:
             t0 = time.perf_counter()
@@ -1064,7 +1105,7 @@ class GreedyDecoder:
             b.ctx.begin_capture()
             try:
                 logits = self.model.forward([tok], c, last_only=True, output="raw")  # cache.n += 1
-                self.out = b.argmax(logits, to_state=True)
+                self.out = self._choose(logits, to_state=True)
                 self._keep = logits
             finally:
                 b.capturing = False
