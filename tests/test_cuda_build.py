@@ -45,7 +45,7 @@ def test_every_launched_kernel_is_in_each_sass_image():
                                               "dequant", "dequant_h", "moe_glu", "moe_down")
              for suffix, _, _ in cuda_backend.TYPES.values()]
     names += [f"rx_attention_dec_{v}" for v in ("d64", "d128", "d256", "d512", "g256", "g512")]
-    names += ["rx_moe_route", "rx_moe_combine"]
+    names += ["rx_moe_route", "rx_moe_combine", "rx_repeat_penalty", "rx_ring_push"]
     names += ["rx_sgemm_nt", "rx_hgemm_nt", "rx_x_to_half", "rx_rms_norm", "rx_add_rms_norm", "rx_layer_norm", "rx_rope", "rx_kv_write",
               "rx_attention", "rx_attn_combine", "rx_binary", "rx_unary", "rx_glu", "rx_argmax"]
     for kind, arch, payload in ents:
