@@ -61,6 +61,11 @@ B)
     --indexes-dir /tmp/rag_idx --embed-model $M/minilm-l6.gguf --chat-model $M/smollm2-135m-q4_1-synth.gguf \
     --min-score -1 > "$OUT/rag_ask.txt" 2>&1
   tail -25 "$OUT/rag_ask.txt"
+  # the same with the repeat penalty on the device (opt-in until its GPU tests pass in stage A)
+  REFLEX_CUDA_DEVICE_PENALTY=1 timeout "$(left 580)" python3 benchmarks/bench_rag.py ask --backend cuda --runs 2 \
+    --corpus /tmp/pydoc --indexes-dir /tmp/rag_idx --embed-model $M/minilm-l6.gguf \
+    --chat-model $M/smollm2-135m-q4_1-synth.gguf --min-score -1 > "$OUT/rag_ask_devpen.txt" 2>&1
+  tail -20 "$OUT/rag_ask_devpen.txt"
   ;;
 C)
   [ -x "$LLAMA/llama-bench" ] && export LLAMA_CPP=$LLAMA || echo "no llama.cpp build (machine not warm?)"
