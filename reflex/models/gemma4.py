@@ -38,6 +38,7 @@ import math
 import numpy as np
 
 from reflex.backends.base import ROPE_NEOX, Backend
+from reflex.backends.numpy_moe import route_ref
 from reflex.errors import ModelFormatError
 from reflex.models._common import (KVCache, _key, _Weights, check_decoder_keys, check_forward_args,
                                    head_out, invalid_key, n_vocab_of, window_mask)
@@ -351,12 +352,9 @@ class MoE:
         hp = self.hp
         r = b.mul(b.rms_norm(x, self.router_scale, hp.rms_eps), np.float32(1.0 / math.sqrt(hp.n_embd)))
         logits = b.to_numpy(b.matmul(r, self.w_router)).astype(np.float32)  # (T, n_expert)
-        p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        p /= p.sum(axis=-1, keepdims=True)
-        ids = np.argsort(-p, axis=-1, kind="stable")[:, :hp.n_expert_used]    # (T, K), best first
-        wt = np.take_along_axis(p, ids, axis=-1)
-        wt = wt / wt.sum(axis=-1, keepdims=True) * self.expert_scale[ids]
-        return ids, wt.astype(np.float32)
+        # qwen3moe's softmax top-k with renormalized weights, then the per-expert scale
+        ids, wt = route_ref(logits, hp.n_expert_used, True)                   # (T, K), best first
+        return ids, (wt * self.expert_scale[ids]).astype(np.float32)
 
     def __call__(self, b: Backend, x):
         ids, wt = self.route(b, x)
