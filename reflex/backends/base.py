@@ -84,6 +84,19 @@ class Backend(abc.ABC):
         """(x - mean) / sqrt(var + eps) * w + b over the last axis; w and b may be None."""
         raise NotImplementedError(f"{self.name} backend has no layer_norm")
 
+    def add_layer_norm(self, x, r, w, b, eps: float):
+        """layer_norm(x + r, w, b, eps): the post-norm residual of encoder blocks; backends may fuse it."""
+        return self.layer_norm(self.add(x, r), w, b, eps)
+
+    def linear(self, x, w, bias=None):
+        """matmul(x, w) + bias (bias (n_out,) or None); backends may add the bias in place."""
+        y = self.matmul(x, w)
+        return y if bias is None else self.add(y, bias)
+
+    def linear_gelu(self, x, w, bias=None):
+        """gelu(linear(x, w, bias)): an encoder's ffn_up + exact GELU; backends may fuse it."""
+        return self.gelu(self.linear(x, w, bias))
+
     @abc.abstractmethod
     def mul(self, a, b):
         ...

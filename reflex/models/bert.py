@@ -149,9 +149,9 @@ class Attention:
     def __call__(self, b: Backend, x, mask=None, seq_lens=None):
         hp = self.hp
         T = x.shape[0]
-        q = b.add(b.matmul(x, self.wq), self.bq).reshape(T, hp.n_head, hp.head_dim)  # (T, n_head, head_dim)
-        k = b.add(b.matmul(x, self.wk), self.bk).reshape(T, hp.n_head, hp.head_dim)
-        v = b.add(b.matmul(x, self.wv), self.bv).reshape(T, hp.n_head, hp.head_dim)
+        q = b.linear(x, self.wq, self.bq).reshape(T, hp.n_head, hp.head_dim)  # (T, n_head, head_dim)
+        k = b.linear(x, self.wk, self.bk).reshape(T, hp.n_head, hp.head_dim)
+        v = b.linear(x, self.wv, self.bv).reshape(T, hp.n_head, hp.head_dim)
         if seq_lens is not None and len(seq_lens) > 1 and getattr(b, "name", "") != "numpy":
             # packed sequences on a device backend: one attention call under the block-diagonal
             # mask (the backend's own op; no host round trip to join per-sequence outputs)
@@ -168,7 +168,7 @@ class Attention:
                                          causal=hp.causal))
                 s += n
             o = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-        return b.add(b.matmul(o.reshape(T, hp.n_embd), self.wo), self.bo)  # (T, n_embd)
+        return b.linear(o.reshape(T, hp.n_embd), self.wo, self.bo)  # (T, n_embd)
 
 
 class FFN:
@@ -182,8 +182,8 @@ class FFN:
         self.b_down = w.get(p + "ffn_down.bias", (hp.n_embd,))
 
     def __call__(self, b: Backend, x):
-        h = b.gelu(b.add(b.matmul(x, self.w_up), self.b_up))    # (T, n_ff)
-        return b.add(b.matmul(h, self.w_down), self.b_down)      # (T, n_embd)
+        h = b.linear_gelu(x, self.w_up, self.b_up)      # (T, n_ff)
+        return b.linear(h, self.w_down, self.b_down)     # (T, n_embd)
 
 
 class Block:
@@ -201,9 +201,9 @@ class Block:
 
     def __call__(self, b: Backend, x, mask=None, seq_lens=None):
         eps = self.hp.norm_eps
-        x = b.layer_norm(b.add(x, self.attn(b, x, mask, seq_lens)), self.attn_out_norm,
-                         self.attn_out_norm_b, eps)                                      # (T, n_embd)
-        return b.layer_norm(b.add(x, self.ffn(b, x)), self.out_norm, self.out_norm_b, eps)
+        x = b.add_layer_norm(x, self.attn(b, x, mask, seq_lens), self.attn_out_norm,
+                             self.attn_out_norm_b, eps)                                  # (T, n_embd)
+        return b.add_layer_norm(x, self.ffn(b, x), self.out_norm, self.out_norm_b, eps)
 
 
 class Model:
