@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # A whole device session in three calls of < 10 minutes each, issued back to back so the machine
 # stays warm (build/llama.cpp, the fatbin and /tmp/models survive between them):
-#   A  llama.cpp build (background, sm_90) | fatbin for every target, every GPU test, kernel benches
-#   B  reflex bench SmolLM2- and Qwen3-shaped files vs llama-simple/llama-bench; `reflex-rag ask` cold
-#      on the GPU over the eval pages with synthetic models of the real shapes
-#   C  Qwen3-MoE-shaped bench vs llama.cpp; GPU cold embed + chunk throughput vs llama-embedding
+#   A  llama.cpp build (background, sm_90) | fatbin for every target, GPU model tests (TESTS= to pick
+#      others), the synthetic benchmark models (SmolLM2-, Qwen3-0.6B-, MiniLM-shaped)
+#   B  reflex bench SmolLM2- and Qwen3-shaped files vs llama-simple/llama-bench (cache warm + dropped)
+#   C  GPU cold embed + chunk throughput vs llama-embedding; `reflex-rag ask` cold on the GPU over
+#      the eval pages, repeat penalty on the device and on the host
 # Usage (device, repo root): bash benchmarks/device_session.sh A|B|C    results in $OUT (or /tmp/out)
 # Carry (git-ignored, made here; see the README of benchmarks/device_run.sh for the vocab files):
 #   A: .whl .devdata/smollm2-vocab.gguf .devdata/minilm-vocab.gguf .devdata/llama.cpp.tgz
 #      (llama-cpp-python 0.3.36's vendor/llama.cpp without models/ docs/ media/ tests/ benches/)
-#   B, C: .whl .devdata/smollm2-vocab.gguf .devdata/minilm-vocab.gguf .devdata/faiss312.tar.xz
+#   B, C: (the machine from A, still warm) C also: .whl .devdata/smollm2-vocab.gguf .devdata/minilm-vocab.gguf .devdata/faiss312.tar.xz
 #      (faiss-cpu's abi3 wheel unpacked) .devdata/pydoc-subset.tar.xz (the pages that
 #      scripts/rag_eval_questions.json includes, from Debian's python3-doc)
 set -u
@@ -27,51 +28,55 @@ left() { echo $(( $1 - ($(date +%s) - T0) )); }   # seconds left of a stage budg
 
 case $STAGE in
 A)
+  # llama.cpp builds in the background; meanwhile the fatbin, the GPU model tests (quiet CPU is not
+  # needed for them) and the benchmark models; no timing runs while the build loads the CPU
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv | tee "$OUT/gpu.txt"
   if [ -f .devdata/llama.cpp.tgz ] && [ ! -x "$LLAMA/llama-bench" ]; then
     mkdir -p build && tar xzf .devdata/llama.cpp.tgz -C build
     ( cd build/llama.cpp && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null \
-      && cmake --build build -j12 --target llama-simple llama-bench llama-embedding ) > "$OUT/llama_build.txt" 2>&1 &
+      && cmake --build build -j14 --target llama-simple llama-bench llama-embedding ) > "$OUT/llama_build.txt" 2>&1 &
     BUILD=$!
   fi
   ( time python3 kernels/build.py --require ) > "$OUT/build.txt" 2>&1; tail -2 "$OUT/build.txt"
-  timeout "$(left 400)" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_*.py tests/test_kv_f16_parity.py \
-    -rfE 2>&1 | tail -80 > "$OUT/test_gpu.txt"
-  tail -25 "$OUT/test_gpu.txt"
-  for b in bench_matvec bench_attention; do
-    [ -f benchmarks/$b.py ] && timeout 60 python3 benchmarks/$b.py > "$OUT/$b.txt" 2>&1; tail -40 "$OUT/$b.txt"
-  done
+  timeout "$(left 300)" python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_cuda_model.py tests/test_cuda_embed*.py} \
+    -rfE 2>&1 | tail -60 > "$OUT/test_gpu.txt"
+  tail -15 "$OUT/test_gpu.txt"
+  M=/tmp/models; mkdir -p $M
+  ONLY="smollm2-135m qwen3-0.6b minilm-l6" bash benchmarks/device_models.sh .devdata $M synth > "$OUT/synth_log.txt" 2>&1
+  cat "$OUT/synth.txt"
   if [ -n "${BUILD:-}" ]; then
-    ( sleep "$(left 560)"; kill -- -$BUILD 2>/dev/null ) & wait $BUILD; echo "llama build rc=$?"
+    ( sleep "$(left 580)"; kill -- -$BUILD 2>/dev/null ) & wait $BUILD; echo "llama build rc=$?"
     tail -3 "$OUT/llama_build.txt"
   fi
   ls "$LLAMA" 2>/dev/null | head
   ;;
 B)
+  # issue 4: cold TTFT (page cache warm, then dropped), prefill, decode; reflex vs llama-simple/llama-bench
   [ -x "$LLAMA/llama-bench" ] && export LLAMA_CPP=$LLAMA || echo "no llama.cpp build (machine not warm?)"
-  RUNS=${RUNS:-5} DROP=1 timeout "$(left 380)" bash benchmarks/device_run.sh bench > "$OUT/run_bench.txt" 2>&1
-  tail -30 "$OUT/run_bench.txt"
-  M=/tmp/models; mkdir -p $M /tmp/pydoc
-  tar xJf .devdata/pydoc-subset.tar.xz -C /tmp/pydoc
-  [ -f $M/minilm-l6.gguf ] || python3 -m reflex synth .devdata/minilm-vocab.gguf $M/minilm-l6.gguf --preset minilm-l6
-  [ -f $M/smollm2-135m-q4_1-synth.gguf ] || python3 -m reflex synth .devdata/smollm2-vocab.gguf \
-    $M/smollm2-135m-q4_1-synth.gguf --preset smollm2-135m
-  timeout "$(left 560)" python3 benchmarks/bench_rag.py ask --backend cuda --runs 2 --corpus /tmp/pydoc \
-    --indexes-dir /tmp/rag_idx --embed-model $M/minilm-l6.gguf --chat-model $M/smollm2-135m-q4_1-synth.gguf \
-    --min-score -1 > "$OUT/rag_ask.txt" 2>&1
-  tail -25 "$OUT/rag_ask.txt"
-  # the same with the repeat penalty on the device (opt-in until its GPU tests pass in stage A)
-  REFLEX_CUDA_DEVICE_PENALTY=1 timeout "$(left 580)" python3 benchmarks/bench_rag.py ask --backend cuda --runs 2 \
-    --corpus /tmp/pydoc --indexes-dir /tmp/rag_idx --embed-model $M/minilm-l6.gguf \
-    --chat-model $M/smollm2-135m-q4_1-synth.gguf --min-score -1 > "$OUT/rag_ask_devpen.txt" 2>&1
-  tail -20 "$OUT/rag_ask_devpen.txt"
+  M=/tmp/models
+  timeout "$(left 560)" python3 -m reflex bench $M/smollm2-135m.gguf $M/qwen3-0.6b.gguf --backend cuda \
+    --runs ${RUNS:-5} --drop-caches ${LLAMA_CPP:+--llama-cpp $LLAMA_CPP} --json > "$OUT/bench.json" 2> "$OUT/bench_log.txt"
+  echo "bench rc=$?"
+  python3 -c "import json, sys; from reflex.bench import table; print(table(json.load(open(sys.argv[1]))))" \
+    "$OUT/bench.json" 2>&1 | tee "$OUT/bench_table.txt"
+  tail -5 "$OUT/bench_log.txt"
   ;;
 C)
+  # issue 5: GPU cold embed + 256-token chunk throughput vs llama-embedding; then `reflex-rag ask` cold
   [ -x "$LLAMA/llama-bench" ] && export LLAMA_CPP=$LLAMA || echo "no llama.cpp build (machine not warm?)"
-  ONLY="qwen3moe minilm-l6" RUNS=${RUNS:-5} timeout "$(left 560)" bash benchmarks/device_models.sh .devdata /tmp/models all \
-    > "$OUT/models.txt" 2>&1
-  tail -30 "$OUT/models.txt"
+  M=/tmp/models; LC=${LLAMA_CPP:+--llama-cpp $LLAMA_CPP}
+  timeout "$(left 300)" python3 benchmarks/bench_embed.py --model $M/minilm-l6.gguf --backend cuda --no-st \
+    --runs ${RUNS:-5} $LC --json > "$OUT/bench_embed.json" 2> "$OUT/bench_embed_log.txt"
+  echo "bench embed rc=$?"; cat "$OUT/bench_embed.json"; tail -3 "$OUT/bench_embed_log.txt"
+  mkdir -p /tmp/pydoc && tar xJf .devdata/pydoc-subset.tar.xz -C /tmp/pydoc
+  # greedy + repeat penalty 1.15: on the device by default now; =0 is the host path, for the ratio
+  for pen in 1 0; do
+    REFLEX_CUDA_DEVICE_PENALTY=$pen timeout "$(left 580)" python3 benchmarks/bench_rag.py ask --backend cuda \
+      --runs 2 --corpus /tmp/pydoc --indexes-dir /tmp/rag_idx --embed-model $M/minilm-l6.gguf \
+      --chat-model $M/smollm2-135m.gguf --min-score -1 > "$OUT/rag_ask_pen$pen.txt" 2>&1
+    tail -14 "$OUT/rag_ask_pen$pen.txt"
+  done
   ;;
 esac
 echo "stage $STAGE: $(( $(date +%s) - T0 )) s"

@@ -252,9 +252,9 @@ class Engine:
             if sampler.repeat_penalty == 1.0:
                 device = GreedyDecoder(model.backend, model, cache)
             elif (0 <= sampler.repeat_last_n <= PENALTY_MAX_RING
-                  and os.environ.get("REFLEX_CUDA_DEVICE_PENALTY", "0") == "1"):
-                # greedy + repeat penalty on the device (kernels/sample.cu); opt-in until its GPU
-                # tests (tests/test_cuda_kernels.py test_repeat_penalty_*) have run on a device
+                  and os.environ.get("REFLEX_CUDA_DEVICE_PENALTY", "1") != "0"):
+                # greedy + repeat penalty on the device (kernels/sample.cu); its GPU tests passed on
+                # an H100 (session 8); REFLEX_CUDA_DEVICE_PENALTY=0 takes the host path instead
                 device = GreedyDecoder(model.backend, model, cache, repeat_penalty=sampler.repeat_penalty,
                                        repeat_last_n=sampler.repeat_last_n, history=history)
         t0 = time.perf_counter()
