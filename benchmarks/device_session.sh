@@ -7,6 +7,7 @@
 #   C  GPU cold embed + chunk throughput vs llama-embedding; `reflex-rag ask` cold on the GPU over
 #      the eval pages, repeat penalty on the device and on the host
 # Usage (device, repo root): bash benchmarks/device_session.sh A|B|C    results in $OUT (or /tmp/out)
+#   PYC=1: precompiled bytecode for numpy/reflex/rag in /tmp/pyc (see below)
 # Carry (git-ignored, made here; see the README of benchmarks/device_run.sh for the vocab files):
 #   A: .whl .devdata/smollm2-vocab.gguf .devdata/minilm-vocab.gguf .devdata/llama.cpp.tgz
 #      (llama-cpp-python 0.3.36's vendor/llama.cpp without models/ docs/ media/ tests/ benches/)
@@ -23,6 +24,30 @@ python3 -c "import gguf" 2>/dev/null || python3 -m pip install -q --no-index --n
 [ -f .devdata/faiss312.tar.xz ] && [ ! -d /tmp/site/faiss ] && tar xJf .devdata/faiss312.tar.xz -C /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
 LLAMA=$PWD/build/llama.cpp/build/bin
+# Bytecode: where the interpreter may not write __pycache__ (PYTHONDONTWRITEBYTECODE, read-only
+# site-packages) every process compiles numpy from source: 47 -> 220 ms for `import numpy` on the
+# dev machine. PYC=1 compiles numpy and reflex once into a cache prefix, as docker/Dockerfile's
+# images ship them, and records what the machine had before
+if [ "${PYC:-}" = 1 ]; then
+  python3 - > "$OUT/pyc.txt" 2>&1 <<'PY'
+import os, sys, importlib.util, pathlib
+np_dir = pathlib.Path(importlib.util.find_spec("numpy").origin).parent
+print("dont_write_bytecode", sys.flags.dont_write_bytecode, "PYTHONDONTWRITEBYTECODE",
+      os.environ.get("PYTHONDONTWRITEBYTECODE"), "numpy dir", np_dir, "writable", os.access(np_dir, os.W_OK))
+import json; print("stdlib json bytecode", json.__cached__, os.path.exists(json.__cached__ or ""))
+print("numpy .pyc files present:", len(list(np_dir.rglob("*.pyc"))), "of", len(list(np_dir.rglob("*.py"))), ".py")
+PY
+  for i in 1 2; do python3 -X importtime -c "import numpy" 2>&1 | tail -1 >> "$OUT/pyc.txt"; done
+  export PYTHONPYCACHEPREFIX=/tmp/pyc
+  python3 -m compileall -q -j 0 $(python3 -c '
+import importlib.util, os
+for m in ("numpy", "cupy", "cupy_backends", "fastrlock"):
+    s = importlib.util.find_spec(m)
+    if s and s.origin: print(os.path.dirname(s.origin))') reflex rag \
+    >> "$OUT/pyc.txt" 2>&1
+  for i in 1 2; do python3 -X importtime -c "import numpy" 2>&1 | tail -1 >> "$OUT/pyc.txt"; done
+  cat "$OUT/pyc.txt"
+fi
 T0=$(date +%s)
 left() { echo $(( $1 - ($(date +%s) - T0) )); }   # seconds left of a stage budget
 
