@@ -7,6 +7,7 @@
 #   C  GPU cold embed + chunk throughput vs llama-embedding; `reflex-rag ask` cold on the GPU over
 #      the eval pages, repeat penalty on the device and on the host
 # Usage (device, repo root): bash benchmarks/device_session.sh A|B|C    results in $OUT (or /tmp/out)
+#   AB: A without tests then B, in one call (PYC and EMBED apply; A_BUDGET=420 s caps the build)
 #   PYC=1: precompiled bytecode for numpy/reflex/rag in /tmp/pyc (see below)
 # Carry (git-ignored, made here; see the README of benchmarks/device_run.sh for the vocab files):
 #   A: .whl .devdata/smollm2-vocab.gguf .devdata/minilm-vocab.gguf .devdata/llama.cpp.tgz
@@ -15,7 +16,10 @@
 #      (faiss-cpu's abi3 wheel unpacked) .devdata/pydoc-subset.tar.xz (the pages that
 #      scripts/rag_eval_questions.json includes, from Debian's python3-doc)
 set -u
-STAGE=${1:?usage: device_session.sh A|B|C}
+STAGE=${1:?usage: device_session.sh A|B|C|AB}
+if [ "$STAGE" = AB ]; then  # one call from a cold machine: A (llama.cpp build cut at A_BUDGET s) then B
+  A_BUDGET=${A_BUDGET:-420} TESTS=${TESTS:-none} bash "$0" A
+  [ "${PYC:-}" = 1 ] && export PYTHONPYCACHEPREFIX=/tmp/pyc; PYC= bash "$0" B; exit; fi
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 REFLEX_VOCAB_GGUF=$PWD/.devdata/smollm2-vocab.gguf REFLEX_PARITY_REPORT=$OUT/parity.jsonl
 mkdir -p /tmp/site
@@ -38,14 +42,20 @@ import json; print("stdlib json bytecode", json.__cached__, os.path.exists(json.
 print("numpy .pyc files present:", len(list(np_dir.rglob("*.pyc"))), "of", len(list(np_dir.rglob("*.py"))), ".py")
 PY
   for i in 1 2; do python3 -X importtime -c "import numpy" 2>&1 | tail -1 >> "$OUT/pyc.txt"; done
+  # with a cache prefix the interpreter reads bytecode only from under it, the stdlib's own
+  # __pycache__ included, so the stdlib is compiled into the prefix too (else datetime, inspect,
+  # typing... would compile from source in every process: ~60 ms on the dev machine)
   export PYTHONPYCACHEPREFIX=/tmp/pyc
-  python3 -m compileall -q -j 0 $(python3 -c '
-import importlib.util, os
+  python3 -m compileall -q -j 0 -x '/(test|tests|idlelib|tkinter|turtledemo|lib2to3)/' $(python3 -c '
+import importlib.util, os, sysconfig
+print(sysconfig.get_path("stdlib"))
 for m in ("numpy", "cupy", "cupy_backends", "fastrlock"):
     s = importlib.util.find_spec(m)
     if s and s.origin: print(os.path.dirname(s.origin))') reflex rag \
     >> "$OUT/pyc.txt" 2>&1
   for i in 1 2; do python3 -X importtime -c "import numpy" 2>&1 | tail -1 >> "$OUT/pyc.txt"; done
+  for i in 1 2; do python3 -X importtime -c "import reflex.engine, reflex.backends.cuda_backend" 2>&1 \
+    | grep -E '\| (numpy|reflex.engine|reflex.backends.cuda_backend|site)$' >> "$OUT/pyc.txt"; done
   cat "$OUT/pyc.txt"
 fi
 T0=$(date +%s)
@@ -73,7 +83,7 @@ A)
   ONLY="smollm2-135m qwen3-0.6b minilm-l6" bash benchmarks/device_models.sh .devdata $M synth > "$OUT/synth_log.txt" 2>&1
   cat "$OUT/synth.txt"
   if [ -n "${BUILD:-}" ]; then
-    ( sleep "$(left 580)"; kill -- -$BUILD 2>/dev/null ) & wait $BUILD; echo "llama build rc=$?"
+    ( sleep "$(left ${A_BUDGET:-580})"; kill -- -$BUILD 2>/dev/null ) & wait $BUILD; echo "llama build rc=$?"
     tail -3 "$OUT/llama_build.txt"
   fi
   ls "$LLAMA" 2>/dev/null | head
