@@ -43,7 +43,10 @@ late = os.environ.get("REFLEX_PROBE_LATE") == "1"
 if backend in ("cuda", "gpu") and not late:
     from reflex.backends import cuda_driver
     cuda_driver.start()
+import numpy
+T["numpy"] = time.perf_counter()
 from reflex.engine import Engine
+T["engine_module"] = time.perf_counter()
 if backend in ("cuda", "gpu") and late:
     from reflex.backends import cuda_driver
     cuda_driver.start()
@@ -68,6 +71,10 @@ if backend in ("cuda", "gpu"):
         out["cuda_context"] = {"started": st - t0, "context_ready": st + ct["cuda_init_s"] - t0,
                                "module_loaded": st + ct["cuda_init_s"] + ct["module_load_s"] - t0}
     out["cuda"] = {k: v for k, v in ct.items() if k != "init_started_at"}
+    pf = ct.get("weights_prefetch")
+    if pf and "started_at" in pf:   # the weights' copy (cuda_driver.prefetch), s since spawn
+        out["weights_copy"] = {"queued": pf["queued_at"] - t0, "started": pf["started_at"] - t0,
+                               "done": pf["started_at"] + pf["copy_s"] - t0, "waited_s": pf.get("wait_s")}
     out["device"], out["cc"], out["jit"] = b.ctx.name, list(b.ctx.cc), b.jit
 print(json.dumps(out), flush=True)
 if os.environ.get("REFLEX_PROBE_RESET") == "1" and backend in ("cuda", "gpu"):
@@ -82,7 +89,7 @@ if os.environ.get("REFLEX_PROBE_EXIT") == "1":
 
 # the order stages happen in one process; the CUDA context is created on a thread alongside
 # (cuda_context: started / context_ready / module_loaded), so it is reported apart
-STAGES = ("interpreter_start", "imports", "open", "tokenizer", "weights_staged", "prefill",
+STAGES = ("interpreter_start", "numpy", "engine_module", "imports", "open", "tokenizer", "weights_staged", "prefill",
           "first_token", "exit")
 
 
@@ -194,10 +201,21 @@ def cold(model, backend: str, runs: int, drop_caches: bool = False, probe_varian
     if probe_variants:
         for name, extra in (("os_exit", {"REFLEX_PROBE_EXIT": "1"}), ("ctx_reset", {"REFLEX_PROBE_RESET": "1"}),
                             ("openblas_default", {"OPENBLAS_NUM_THREADS": ""}),
-                            ("ctx_after_imports", {"REFLEX_PROBE_LATE": "1"})):
+                            ("ctx_after_imports", {"REFLEX_PROBE_LATE": "1"}),
+                            ("no_prefetch", {"REFLEX_CUDA_PREFETCH": "0"}),
+                            ("eager_module_loading", {"CUDA_MODULE_LOADING": "EAGER"})):
             vs = [_probe(model, backend, dict(env, **extra)) for _ in range(3)]
             res["variant_" + name] = {"wall_s": sorted(round(v["wall_s"], 4) for v in vs),
+                                      "first_token_s": sorted(round(v["stamps"]["first_token"], 4) for v in vs),
                                       "last": {k: v for k, v in vs[-1].items() if k != "tokens"}}
+        # the same cold command without the weights' early copy: first byte, same runs
+        if backend in ("cuda", "gpu"):
+            env_np = dict(env, REFLEX_CUDA_PREFETCH="0")
+            f0 = []
+            for _ in range(runs):
+                first, dt, rc, err = _run_first_byte(cmd, env_np)
+                f0.append(first)
+            res["first_token_no_prefetch"] = _summary(f0)
     if drop_caches:
         why = _drop_caches()
         res["dropped_caches"] = {"s": once(), "first_token_s": firsts[-1]} if why is None else {"skipped": why}
@@ -551,4 +569,12 @@ def table(res: dict) -> str:
                          "reflex/llama.cpp: " + ", ".join(f"{k} {v:.2f}x" for k, v in r["ratios"].items()))
         if "stages" in r["cold"]:
             lines.append("  stages (s since spawn): " + "  ".join(f"{k} {v:.3f}" for k, v in r["cold"]["stages"].items()))
+        pr = r["cold"].get("probe", {})
+        extra = [f"{k} {pr[k]}" for k in ("cuda_context", "weights_copy") if k in pr]
+        if "first_token_no_prefetch" in r["cold"]:
+            extra.append(f"ttft without the early weights copy {r['cold']['first_token_no_prefetch']['median_s']:.3f} s")
+        for k, v in r["cold"].items():
+            if k.startswith("variant_") and "first_token_s" in v:
+                extra.append(f"{k[8:]} ttft {v['first_token_s']} exit {v['wall_s']}")
+        lines.extend("  " + e for e in extra)
     return "\n".join(lines)

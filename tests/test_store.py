@@ -42,7 +42,7 @@ def test_fetch_rejects_corrupt_present_file_then_redownloads(tmp_path, monkeypat
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 1, "", "no network in this test")
 
-    monkeypatch.setattr(store.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)  # store.fetch imports subprocess when called
     (tmp_path / store.KNOWN["smollm2"].filename).write_bytes(b"corrupt")
     with pytest.raises(Exception) as e:
         store.fetch("smollm2", log=lambda m: None)

@@ -109,9 +109,11 @@ class Context:
         if not os.path.exists(fatbin):
             raise CudaError(f"CUDA kernels not built ({fatbin} missing): run `python kernels/build.py`",
                             category="backend_unavailable")
+        t_lib = time.perf_counter()
         rc = lib.cuInit(0)
         if rc:
             raise CudaError(f"no usable CUDA device (cuInit error {rc})", category="backend_unavailable")
+        t_init = time.perf_counter()
         dev = _c.c_int()
         check(lib.cuDeviceGet(_c.byref(dev), device), "cuDeviceGet")
         self.device = dev.value
@@ -148,7 +150,9 @@ class Context:
         self.pool: dict[int, list[int]] = {}
         self.allocated = 0        # bytes held from cuMemAlloc (pool + weights)
         self.peak_allocated = 0
-        self.timings = {"cuda_init_s": t1 - t0, "module_load_s": t2 - t1}
+        # cuda_init_s: dlopen libcuda + cuInit + primary context (the parts apart, for the breakdown)
+        self.timings = {"cuda_init_s": t1 - t0, "module_load_s": t2 - t1, "dlopen_s": t_lib - t0,
+                        "cuinit_s": t_init - t_lib, "primary_ctx_s": t1 - t_init}
         self.capturing = False
 
     # ---- memory --------------------------------------------------------------------------------
@@ -328,6 +332,89 @@ def get(fatbin: str | None = None) -> Context:
     _ctx.timings.setdefault("init_wait_s", time.perf_counter() - t0)
     _ctx.timings.setdefault("init_started_at", _t_start)
     return _ctx
+
+
+# ---- the weights' copy, started as soon as the file is mapped -----------------------------------
+# A GGUF file's data section is one run of aligned tensors, and the CUDA backend keeps weights in
+# exactly that format, so the whole section can go to the device in one copy before the model
+# object exists. Started right after the file is mapped (Engine), the copy -- 15-50 ms for the
+# cold-start models, host memory read from the page cache through the driver's staging buffers --
+# runs on a thread (ctypes releases the GIL) while the main thread builds the tokenizer and the
+# model; CudaBackend._commit then only points the weights into it. Regions are keyed by the host
+# address range they copied, so two models loaded one after the other (RAG) each find their own.
+_prefetch: dict = {}   # (host_lo, host_hi) -> {"thread", "dev", "error", "copy_s", ...}
+
+
+def prefetch(gguf) -> bool:
+    """Begin copying gguf's tensor data to the device (returns at once). False when there is
+    nothing to copy or no context was started."""
+    import numpy as np
+
+    if _thread is None and _ctx is None:
+        return False
+    tensors = getattr(gguf, "tensors", None)
+    mm = getattr(gguf, "_mm", None)
+    if not tensors or mm is None:
+        return False
+    lo = min(t.offset for t in tensors.values())
+    hi = max(t.offset + t.nbytes for t in tensors.values())
+    view = np.frombuffer(mm, dtype=np.uint8, count=hi - lo, offset=lo)   # keeps the map alive
+    host = view.ctypes.data
+    key = (host, host + (hi - lo))
+    if key in _prefetch:
+        return True
+    job = {"view": view, "dev": 0, "error": None, "nbytes": hi - lo, "queued_at": time.perf_counter()}
+
+    def work():
+        try:
+            if _thread is not None:
+                _thread.join()
+            if _err is not None:
+                raise _err
+            lib = _load_lib()
+            check(lib.cuCtxSetCurrent(_ctx.ctx), "cuCtxSetCurrent")
+            t0 = time.perf_counter()
+            p = _c.c_uint64()
+            check(_ctx._alloc(_c.byref(p), _c.c_size_t(job["nbytes"])), f"cuMemAlloc({job['nbytes']})")
+            job["dev"] = p.value
+            _ctx.h2d(p.value, host, job["nbytes"])
+            job["started_at"], job["copy_s"] = t0, time.perf_counter() - t0
+        except BaseException as e:   # the backend falls back to its own copy
+            job["error"] = e
+
+    job["thread"] = threading.Thread(target=work, name="reflex-cuda-weights", daemon=True)
+    _prefetch[key] = job
+    job["thread"].start()
+    return True
+
+
+def take_prefetch(addr: int):
+    """The finished prefetch whose host range holds addr, removed from the table (waits for its
+    copy): ((host_lo, host_hi), job) or None. job["dev"] is 0 when the copy failed."""
+    for key in list(_prefetch):
+        if key[0] <= addr < key[1]:
+            job = _prefetch.pop(key)
+            t0 = time.perf_counter()
+            job["thread"].join()
+            job["wait_s"] = time.perf_counter() - t0
+            job.pop("view", None)
+            return key, job
+    return None
+
+
+def discard_prefetch(gguf):
+    """Free the device copy of a file whose model was never built (a failed load)."""
+    import numpy as np
+
+    mm = getattr(gguf, "_mm", None)
+    if mm is None:
+        return
+    base = np.frombuffer(mm, dtype=np.uint8, count=1).ctypes.data
+    for key in [k for k in _prefetch if base <= k[0] and k[1] <= base + len(mm)]:
+        job = _prefetch.pop(key)
+        job["thread"].join()
+        if job["dev"]:
+            _ctx._free_fn(_c.c_uint64(job["dev"]))
 
 
 def available() -> bool:
