@@ -9,6 +9,8 @@
 # Usage (device, repo root): bash benchmarks/device_session.sh A|B|C    results in $OUT (or /tmp/out)
 #   AB: A without tests then B, in one call (PYC and EMBED apply; A_BUDGET=420 s caps the build)
 #   PYC=1: precompiled bytecode for numpy/reflex/rag in /tmp/pyc (see below)
+#   PV=1: `reflex bench --probe-variants` (no early weights copy, eager module loading, context
+#      after the imports, ...: probes and the cold command without the copy, same call)
 # Carry (git-ignored, made here; see the README of benchmarks/device_run.sh for the vocab files):
 #   A: .whl .devdata/smollm2-vocab.gguf .devdata/minilm-vocab.gguf .devdata/llama.cpp.tgz
 #      (llama-cpp-python 0.3.36's vendor/llama.cpp without models/ docs/ media/ tests/ benches/)
@@ -56,6 +58,11 @@ for m in ("numpy", "cupy", "cupy_backends", "fastrlock"):
   for i in 1 2; do python3 -X importtime -c "import numpy" 2>&1 | tail -1 >> "$OUT/pyc.txt"; done
   for i in 1 2; do python3 -X importtime -c "import reflex.engine, reflex.backends.cuda_backend" 2>&1 \
     | grep -E '\| (numpy|reflex.engine|reflex.backends.cuda_backend|site)$' >> "$OUT/pyc.txt"; done
+  # what the interpreter's own start (site, .pth files) and the Engine's lazy imports cost here
+  python3 -X importtime -c pass 2>&1 | sort -t'|' -k2 -n | tail -12 >> "$OUT/pyc.txt"
+  python3 -X importtime -c "import numpy, reflex.engine, reflex.chat_template, reflex.gguf, reflex.models, \
+reflex.store, reflex.tokenizer, reflex.backends.cuda_backend, reflex.models.llama" 2>&1 | awk -F'|' '$2+0 > 1500' \
+    | grep -v '^import time: *self' >> "$OUT/pyc.txt"
   cat "$OUT/pyc.txt"
 fi
 T0=$(date +%s)
@@ -93,7 +100,8 @@ B)
   [ -x "$LLAMA/llama-bench" ] && export LLAMA_CPP=$LLAMA || echo "no llama.cpp build (machine not warm?)"
   M=/tmp/models
   timeout "$(left 560)" python3 -m reflex bench $M/smollm2-135m.gguf $M/qwen3-0.6b.gguf --backend cuda \
-    --runs ${RUNS:-5} --drop-caches ${LLAMA_CPP:+--llama-cpp $LLAMA_CPP} --json > "$OUT/bench.json" 2> "$OUT/bench_log.txt"
+    --runs ${RUNS:-5} --drop-caches ${LLAMA_CPP:+--llama-cpp $LLAMA_CPP} ${PV:+--probe-variants} --json \
+    > "$OUT/bench.json" 2> "$OUT/bench_log.txt"
   echo "bench rc=$?"
   python3 -c "import json, sys; from reflex.bench import table; print(table(json.load(open(sys.argv[1]))))" \
     "$OUT/bench.json" 2>&1 | tee "$OUT/bench_table.txt"
