@@ -491,14 +491,19 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaMoEOps, CudaEmbed
             base = self.ctx.malloc_raw(n)
             self.ctx.h2d(base, start, n)
             self.weight_bytes += n
-            for obj, raw, _ in staged[i:j]:
-                p = base + (raw.ctypes.data - start)
-                if isinstance(obj, QWeight):
-                    obj.ptr = p
-                else:
-                    obj.buf.ptr = p
-                    obj.ptr = p
+            self._point(staged[i:j], base, start)
             i = j
+
+    @staticmethod
+    def _point(entries, base: int, host_start: int):
+        """Point staged weights at their bytes in a device copy of host [host_start, ...)."""
+        for obj, raw, _ in entries:
+            p = base + (raw.ctypes.data - host_start)
+            if isinstance(obj, QWeight):
+                obj.ptr = p
+            else:
+                obj.buf.ptr = p
+                obj.ptr = p
 
     def _take_prefetched(self, staged: list) -> list:
         """Point the staged weights that lie in a region cuda_driver.prefetch already copied into
@@ -526,13 +531,7 @@ class CudaBackend(CudaSSMOps, CudaDeltaNetOps, CudaMLAOps, CudaMoEOps, CudaEmbed
         self.ctx.allocated += hi - lo
         self.ctx.peak_allocated = max(self.ctx.peak_allocated, self.ctx.allocated)
         self.weight_bytes += hi - lo
-        for obj, raw, _ in inside:
-            p = base + (raw.ctypes.data - lo)
-            if isinstance(obj, QWeight):
-                obj.ptr = p
-            else:
-                obj.buf.ptr = p
-                obj.ptr = p
+        self._point(inside, base, lo)
         ids = {id(e) for e in inside}
         return [e for e in staged if id(e) not in ids]
 
