@@ -214,6 +214,9 @@ def cold(model, backend: str, runs: int, drop_caches: bool = False, probe_varian
             f0 = []
             for _ in range(runs):
                 first, dt, rc, err = _run_first_byte(cmd, env_np)
+                if rc != 0:
+                    from reflex.errors import ReflexError
+                    raise ReflexError(f"`reflex generate` (REFLEX_CUDA_PREFETCH=0) failed (exit {rc}): {err.strip()}")
                 f0.append(first)
             res["first_token_no_prefetch"] = _summary(f0)
     if drop_caches:

@@ -205,3 +205,24 @@ def test_engine_prefetch_matches_plain_load(tmp_path_factory, vocab, preset):
         toks.append(dec.step(toks[-1]))
     assert "weights_prefetch" not in plain.timings
     assert toks == r.tokens
+
+
+def test_copy_failing_after_the_allocation_frees_it(tmp_path, fake_driver):
+    from reflex.gguf import GGUFFile
+    ctx = fake_driver()
+
+    def broken_h2d(dst, src, n):
+        raise cuda_driver.CudaError("cuMemcpyHtoDAsync failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)")
+    ctx.h2d = broken_h2d
+    f = GGUFFile(_write(tmp_path / "m.gguf"))
+    cuda_driver.prefetch(f)
+    b = _backend(ctx)
+    ws = _stage_all(b, f)
+    cuda_driver._prefetch[next(iter(cuda_driver._prefetch))]["thread"].join()
+    ctx.h2d = _FakeCtx.h2d.__get__(ctx)   # the per-run copies that follow succeed
+    b._commit()
+    assert "cuMemcpyHtoDAsync" in b.timings["weights_prefetch"]["error"]
+    assert len(ctx.freed) == 1   # the half-copied region went back, and no weight points into it
+    for name, w in ws.items():
+        assert w.ptr not in ctx.freed
+        assert ctypes.string_at(w.ptr, f.tensors[name].nbytes) == f.tensor_bytes(name).tobytes(), name

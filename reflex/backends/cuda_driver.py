@@ -381,6 +381,9 @@ def prefetch(gguf) -> bool:
             job["started_at"], job["copy_s"] = t0, time.perf_counter() - t0
         except BaseException as e:   # the backend falls back to its own copy
             job["error"] = e
+            if job["dev"]:   # allocated but not (fully) copied: never hand out that region
+                _ctx._free_fn(_c.c_uint64(job["dev"]))
+                job["dev"] = 0
 
     job["thread"] = threading.Thread(target=work, name="reflex-cuda-weights", daemon=True)
     _prefetch[key] = job
