@@ -25,6 +25,8 @@ import sys
 import threading
 import time
 
+from reflex.backends import cuda_driver as drv
+
 _c = ctypes
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 
@@ -95,7 +97,7 @@ def _load(stream):
     t = time.perf_counter()
     for name in _candidates():
         try:
-            lib = _c.CDLL(name)
+            lib = drv.load_library(name)   # GIL released: it may load on the context thread
         except OSError:
             continue
         try:

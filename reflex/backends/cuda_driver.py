@@ -33,13 +33,34 @@ class CudaError(ReflexError):
 _lib = None
 
 
+def load_library(name: str) -> ctypes.CDLL:
+    """ctypes.CDLL(name), with the load itself done while the GIL is released.
+
+    ctypes.CDLL calls dlopen holding the GIL, so while the context thread loads libcuda (or
+    libcublas) the main thread's imports stop: measured here with a 434 MB library, the main
+    thread was blocked for the whole 0.24-0.41 s load. dlopen called as a ctypes foreign function
+    releases the GIL like any other call; the CDLL that follows finds the library already loaded
+    and only takes a reference (the first handle is never closed: these libraries stay for the
+    process's lifetime anyway). Where libc's dlopen can't be reached, or it fails, CDLL does the
+    load and raises its usual OSError."""
+    try:
+        libc = _c.CDLL(None)
+        dlopen = libc.dlopen
+        dlopen.restype, dlopen.argtypes = _c.c_void_p, (_c.c_char_p, _c.c_int)
+        # the mode CDLL uses (it ORs RTLD_NOW into its default RTLD_LOCAL)
+        dlopen(os.fsencode(name), os.RTLD_NOW | os.RTLD_LOCAL)
+    except (AttributeError, OSError, TypeError):
+        pass
+    return _c.CDLL(name)
+
+
 def _load_lib():
     global _lib
     if _lib is None:
         last = None
         for name in ("libcuda.so.1", "libcuda.so"):
             try:
-                _lib = _c.CDLL(name)
+                _lib = load_library(name)
                 break
             except OSError as e:
                 last = e
