@@ -51,7 +51,7 @@ PY
   python3 -m compileall -q -j 0 -x '/(test|tests|idlelib|tkinter|turtledemo|lib2to3)/' $(python3 -c '
 import importlib.util, os, sysconfig
 print(sysconfig.get_path("stdlib"))
-for m in ("numpy", "cupy", "cupy_backends", "fastrlock"):
+for m in ("numpy", "regex", "cupy", "cupy_backends", "fastrlock"):
     s = importlib.util.find_spec(m)
     if s and s.origin: print(os.path.dirname(s.origin))') reflex rag \
     >> "$OUT/pyc.txt" 2>&1
