@@ -145,10 +145,12 @@ def test_failed_prefetch_falls_back(tmp_path, fake_driver):
     ctx = fake_driver(fail=True)
     f = GGUFFile(_write(tmp_path / "m.gguf"))
     cuda_driver.prefetch(f)
-    b = _backend(ctx)
-    ctx.fail = False   # the per-run copies that follow succeed
-    ws = _stage_all(b, f)
+    # the copy runs on its own thread: let it meet the failing allocation before the per-run
+    # copies that follow are allowed to succeed (flipping first raced it: CI stop 23)
     cuda_driver._prefetch[next(iter(cuda_driver._prefetch))]["thread"].join()
+    b = _backend(ctx)
+    ctx.fail = False
+    ws = _stage_all(b, f)
     b._commit()
     assert "cuMemAlloc" in b.timings["weights_prefetch"]["error"]
     for name, w in ws.items():
