@@ -20,7 +20,7 @@ from reflex.errors import InvalidRequest
 REF = json.loads((Path(__file__).parent / "data" / "chat_template_ref.json").read_text(encoding="utf-8"))
 CASES = REF["cases"]
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODELS_DIR = Path(os.path.expanduser("~/.cache/reflex/models"))
+MODELS_DIR = Path(os.environ.get("REFLEX_MODELS", "~/.cache/reflex/models")).expanduser()
 
 
 def test_reference_covers_smollm2():
