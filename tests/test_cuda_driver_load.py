@@ -9,8 +9,8 @@ import ctypes
 import os
 import shutil
 import subprocess
+import select
 import threading
-import time
 
 import pytest
 
@@ -22,8 +22,9 @@ SRC = r"""
 #include <unistd.h>
 static int loaded, signalled;
 __attribute__((constructor)) static void slow_init(void) {
-    const char *fd_s = getenv("RX_SLOW_FD");
+    const char *fd_s = getenv("RX_SLOW_FD"), *entered_s = getenv("RX_ENTERED_FD");
     if (fd_s) {
+        if (entered_s) (void)!write(atoi(entered_s), "e", 1);   /* "dlopen is running now" */
         struct pollfd p = {atoi(fd_s), POLLIN, 0};
         char c;
         if (poll(&p, 1, 2000) > 0 && read(p.fd, &c, 1) == 1) signalled = 1;
@@ -65,21 +66,19 @@ def test_main_thread_runs_while_a_thread_loads(tmp_path, slow_lib, monkeypatch):
     path = tmp_path / "libslow2.so"
     shutil.copy(slow_lib, path)
     r, w = os.pipe()
+    er, ew = os.pipe()
     monkeypatch.setenv("RX_SLOW_FD", str(r))
-    state = {"loading": False}
+    monkeypatch.setenv("RX_ENTERED_FD", str(ew))
     out = []
-
-    def load():
-        state["loading"] = True
-        out.append(cuda_driver.load_library(str(path)))
-
-    th = threading.Thread(target=load)
+    th = threading.Thread(target=lambda: out.append(cuda_driver.load_library(str(path))))
     th.start()
-    while not state["loading"]:
-        time.sleep(0)
-    os.write(w, b"x")      # the constructor is waiting for this inside dlopen
+    # wait (GIL released) until the constructor runs inside dlopen; sending the byte earlier
+    # would let it pass even through a GIL-holding load. Only a main thread that can run
+    # during the load gets past this line in time to send it.
+    assert select.select([er], [], [], 10)[0], "the library's constructor never ran"
+    os.write(w, b"x")
     th.join()
-    os.close(r)
-    os.close(w)
+    for fd in (r, w, er, ew):
+        os.close(fd)
     assert out[0].rx_probe_value() == 42
     assert out[0].rx_signalled() == 1, "the main thread could not run while the library loaded"
